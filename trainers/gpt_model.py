@@ -1,0 +1,397 @@
+"""IndexTTS2 GPT ("UnifiedVoice" v2), training path only, in plain PyTorch.
+
+Parameter names and shapes follow the official checkpoint (group A of
+shared/reference/indextts2-gpt.md), so `state_dict()` loads into upstream inference.
+The conditioning encoders (group B) are not part of this module: the trainer carries
+their tensors through unchanged (see `split_state_dict`).
+
+Two deliberate differences from the upstream training forward, both documented in the
+README and both invisible to inference:
+
+* Layout. Upstream concatenates [prefix | padded text | padded mel], so in a padded batch a
+  sample's mel positions attend to its batch-mates' text padding and its loss depends on
+  which micro-batch it lands in. `forward(..., layout="packed")` (the default for
+  training) places each sample's mel right after its own text and moves all padding to
+  the end, so under a causal mask every real position sees exactly what it would see
+  alone, as at inference. `layout="upstream"` reproduces the upstream arrangement exactly
+  for comparisons; for a batch without padding both give identical logits.
+* Dropout. Masks are a pure function of (dropout key of the sample, site, position,
+  channel) instead of the global RNG, so they do not depend on the micro-batch a sample
+  is in, on interruptions, or on gradient-checkpoint recomputation. Attention-probability
+  dropout is not offered: SDPA draws it from the global RNG per batch.
+"""
+from __future__ import annotations
+
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+PREFIX_LEN = 34  # 32 conditioning latents + 2 speed embeddings
+CONDITION_LEN = 32
+
+# Keys of the official checkpoint that the training forward does not use but inference
+# loads strictly (group B), and keys that are dropped on load.
+CARRIED_PREFIXES = (
+    "emovec_layer.",
+    "emo_layer.",
+    "conditioning_encoder.",
+    "perceiver_encoder.",
+    "emo_conditioning_encoder.",
+    "emo_perceiver_encoder.",
+)
+DROPPED_PREFIXES = ("inference_model.", "gpt.wte.")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The `gpt` section of an IndexTTS2 config.yaml that the training path needs."""
+
+    model_dim: int
+    layers: int
+    heads: int
+    max_text_tokens: int
+    max_mel_tokens: int
+    number_text_tokens: int
+    number_mel_codes: int
+    start_text_token: int = 0
+    stop_text_token: int = 1
+    start_mel_token: int = 8192
+    stop_mel_token: int = 8193
+    dropout: float = 0.1
+
+    @classmethod
+    def from_yaml_section(cls, section: Mapping[str, Any], **overrides: Any) -> "GPTConfig":
+        values = {f.name: section[f.name] for f in fields(cls) if f.name in section}
+        values.update(overrides)
+        missing = sorted(f.name for f in fields(cls) if f.name not in values and f.default is MISSING)
+        if missing:
+            raise ValueError(f"config section 'gpt' lacks {', '.join(missing)}")
+        cfg = cls(**values)
+        if cfg.model_dim % cfg.heads:
+            raise ValueError(f"gpt.model_dim {cfg.model_dim} is not divisible by gpt.heads {cfg.heads}")
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's transposed linear layer: y = x @ W + b with W stored [in, out]."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out))
+        self.bias = nn.Parameter(torch.zeros(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.c_attn = Conv1D(dim, 3 * dim)
+        self.c_proj = Conv1D(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, s, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.c_fc = Conv1D(dim, 4 * dim)
+        self.c_proj = Conv1D(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-5)
+        self.attn = Attention(dim, heads)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-5)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor, drop: "SampleDropout", site: int) -> torch.Tensor:
+        x = x + drop(self.attn(self.ln_1(x)), site)
+        return x + drop(self.mlp(self.ln_2(x)), site + 1)
+
+
+class GPTStack(nn.Module):
+    """Holds `h` and `ln_f` under the names the official checkpoint uses (gpt.h.N, gpt.ln_f)."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.h = nn.ModuleList(Block(cfg.model_dim, cfg.heads) for _ in range(cfg.layers))
+        self.ln_f = nn.LayerNorm(cfg.model_dim, eps=1e-5)
+
+
+class LearnedPositionEmbeddings(nn.Module):
+    def __init__(self, seq_len: int, dim: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(seq_len, dim)
+
+    def forward(self, length: int) -> torch.Tensor:
+        return self.emb(torch.arange(length, device=self.emb.weight.device))
+
+
+# --- dropout masks that depend on the sample, not on the batch ------------------------------
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """Integer mixer on int64 tensors holding values < 2**32.
+
+    Multipliers are below 2**31, so every product stays below 2**63: no signed overflow.
+    """
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 16)
+
+
+def dropout_keys(seed: int, step: int, sample_indices: torch.Tensor) -> torch.Tensor:
+    """32-bit keys naming each sample's dropout masks for one optimizer step, [B] int64."""
+    idx = sample_indices.to(torch.int64) & _MASK32
+    k = _hash32(torch.full_like(idx, seed & _MASK32))
+    k = _hash32((k + (step & _MASK32) * 0x9E3779B1) & _MASK32)
+    return _hash32((k + idx * 0x85EBCA6B) & _MASK32)
+
+
+class SampleDropout:
+    """Dropout whose mask at (sample, site, position, channel) is a pure function of them."""
+
+    def __init__(self, p: float, keys: torch.Tensor | None, seq_len: int, dim: int, device: torch.device) -> None:
+        self.p = p
+        self.active = p > 0 and keys is not None
+        if self.active:
+            assert keys is not None
+            self.keys = keys.to(device=device, dtype=torch.int64).view(-1, 1, 1)
+            self.cells = torch.arange(seq_len * dim, device=device, dtype=torch.int64).view(1, seq_len, dim)
+            self.threshold = int(p * 2**32)
+
+    def __call__(self, x: torch.Tensor, site: int) -> torch.Tensor:
+        if not self.active:
+            return x
+        site_keys = _hash32((self.keys + site * 0x27D4EB2F) & _MASK32)
+        keep = _hash32((self.cells + site_keys) & _MASK32) >= self.threshold
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+class UnifiedVoiceGPT(nn.Module):
+    def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.gradient_checkpointing = gradient_checkpointing
+        d = cfg.model_dim
+        self.text_embedding = nn.Embedding(cfg.number_text_tokens + 1, d)
+        self.mel_embedding = nn.Embedding(cfg.number_mel_codes, d)
+        self.text_pos_embedding = LearnedPositionEmbeddings(cfg.max_text_tokens + 2, d)
+        self.mel_pos_embedding = LearnedPositionEmbeddings(cfg.max_mel_tokens + 3, d)
+        self.speed_emb = nn.Embedding(2, d)
+        self.gpt = GPTStack(cfg)
+        self.final_norm = nn.LayerNorm(d, eps=1e-5)
+        self.text_head = nn.Linear(d, cfg.number_text_tokens + 1)
+        self.mel_head = nn.Linear(d, cfg.number_mel_codes)
+        self.apply(_init_weights)
+
+    # -- inputs --
+
+    def text_io(self, text_ids: torch.Tensor, text_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forcing inputs and targets for text, both [B, T+2]; unused targets are -100."""
+        return _segment_io(text_ids, text_lens, self.cfg.start_text_token, self.cfg.stop_text_token)
+
+    def mel_io(self, codes: torch.Tensor, code_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _segment_io(codes, code_lens, self.cfg.start_mel_token, self.cfg.stop_mel_token)
+
+    # -- forward --
+
+    def hidden_states(
+        self,
+        condition: torch.Tensor,
+        emo_vec: torch.Tensor,
+        text_in: torch.Tensor,
+        text_lens: torch.Tensor,
+        mel_in: torch.Tensor,
+        code_lens: torch.Tensor,
+        dropout_keys: torch.Tensor | None = None,
+        layout: str = "packed",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final-normed hidden states at the text and mel input positions: [B,T+2,D], [B,M+2,D]."""
+        b, t2 = text_in.shape
+        m2 = mel_in.shape[1]
+        speed = self.speed_emb(torch.tensor([1, 0], device=text_in.device)).unsqueeze(0).expand(b, -1, -1)
+        prefix = torch.cat([condition + emo_vec.unsqueeze(1), speed.to(condition.dtype)], dim=1)
+        text_e = self.text_embedding(text_in) + self.text_pos_embedding(t2)
+        mel_e = self.mel_embedding(mel_in) + self.mel_pos_embedding(m2)
+        x = torch.cat([prefix.to(text_e.dtype), text_e, mel_e], dim=1)  # upstream order
+        text_pos, mel_pos = _positions(text_lens, code_lens, t2, m2, layout)
+        if layout == "packed":
+            seq_len = int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
+            x = _gather_time(x, _packed_source(text_lens, t2, m2, seq_len))
+        drop = SampleDropout(self.cfg.dropout if self.training else 0.0, dropout_keys, x.shape[1], x.shape[2], x.device)
+        x = drop(x, 0)
+        for i, block in enumerate(self.gpt.h):
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, drop, 1 + 2 * i, use_reentrant=False)
+            else:
+                x = block(x, drop, 1 + 2 * i)
+        x = self.gpt.ln_f(x)
+        return self.final_norm(_gather_time(x, text_pos)), self.final_norm(_gather_time(x, mel_pos))
+
+    def forward(
+        self,
+        condition: torch.Tensor,
+        emo_vec: torch.Tensor,
+        text_ids: torch.Tensor,
+        text_lens: torch.Tensor,
+        codes: torch.Tensor,
+        code_lens: torch.Tensor,
+        dropout_keys: torch.Tensor | None = None,
+        layout: str = "packed",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Text and mel logits for a batch, as upstream's training forward computes them.
+
+        condition [B,32,D] float, emo_vec [B,D], text_ids [B,T] (no start/stop), text_lens [B],
+        codes [B,M] semantic codes, code_lens [B]. Returns text_logits [B,T+2,Nt+1] and
+        mel_logits [B,M+2,Nm]; position j predicts target j of `text_io` / `mel_io`.
+        With layout="upstream" the numbers match upstream IndexTTS2 on the same weights.
+        """
+        text_in, _ = self.text_io(text_ids, text_lens)
+        mel_in, _ = self.mel_io(codes, code_lens)
+        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys, layout)
+        return self.text_head(h_text), self.mel_head(h_mel)
+
+    def loss_sums(
+        self,
+        condition: torch.Tensor,
+        emo_vec: torch.Tensor,
+        text_ids: torch.Tensor,
+        text_lens: torch.Tensor,
+        codes: torch.Tensor,
+        code_lens: torch.Tensor,
+        dropout_keys: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Summed (not averaged) cross-entropies and counts over valid targets.
+
+        Sums let the trainer divide by the token count of the whole optimizer step, so the
+        gradient does not depend on how the step's samples are split into micro-batches.
+        Heads run on valid positions only, which saves the padded part of the big mel logits.
+        """
+        text_in, text_tgt = self.text_io(text_ids, text_lens)
+        mel_in, mel_tgt = self.mel_io(codes, code_lens)
+        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys)
+        t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
+        text_logits = self.text_head(h_text[t_valid]).float()
+        mel_logits = self.mel_head(h_mel[m_valid]).float()
+        mel_targets = mel_tgt[m_valid]
+        return {
+            "text_ce": F.cross_entropy(text_logits, text_tgt[t_valid], reduction="sum"),
+            "mel_ce": F.cross_entropy(mel_logits, mel_targets, reduction="sum"),
+            "text_tokens": t_valid.sum(),
+            "mel_tokens": m_valid.sum(),
+            "mel_correct": (mel_logits.argmax(-1) == mel_targets).sum(),
+        }
+
+
+def _init_weights(module: nn.Module) -> None:
+    # GPT-2 initialisation; only used when no base checkpoint is given (tests, demo base).
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, Conv1D):
+        nn.init.normal_(module.weight, std=0.02)
+        nn.init.zeros_(module.bias)
+
+
+def _segment_io(ids: torch.Tensor, lens: torch.Tensor, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    b, n = ids.shape
+    pos = torch.arange(n + 1, device=ids.device).unsqueeze(0)
+    body = torch.cat([ids, ids.new_full((b, 1), stop)], dim=1)
+    body = torch.where(pos < lens.unsqueeze(1), body, torch.full_like(body, stop))
+    inputs = torch.cat([ids.new_full((b, 1), start), body], dim=1)
+    targets = torch.cat([body, ids.new_full((b, 1), stop)], dim=1)
+    valid = torch.arange(n + 2, device=ids.device).unsqueeze(0) < (lens.unsqueeze(1) + 1)
+    return inputs, torch.where(valid, targets, torch.full_like(targets, -100))
+
+
+def _gather_time(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def _packed_source(text_lens: torch.Tensor, t2: int, m2: int, seq_len: int) -> torch.Tensor:
+    """For each packed position, its position in the upstream [prefix|text|mel] order."""
+    p = torch.arange(seq_len, device=text_lens.device).unsqueeze(0)
+    mel_start_packed = PREFIX_LEN + text_lens.unsqueeze(1) + 2
+    from_mel = PREFIX_LEN + t2 + (p - mel_start_packed)
+    # Tail padding reads some mel padding; causality keeps it out of every real position.
+    return torch.where(p < mel_start_packed, p, from_mel).clamp(max=PREFIX_LEN + t2 + m2 - 1)
+
+
+def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence positions of the text and mel inputs of every sample in the chosen layout."""
+    b = text_lens.shape[0]
+    j_text = torch.arange(t2, device=text_lens.device).unsqueeze(0).expand(b, -1)
+    j_mel = torch.arange(m2, device=text_lens.device).unsqueeze(0).expand(b, -1)
+    if layout == "upstream":
+        return PREFIX_LEN + j_text, PREFIX_LEN + t2 + j_mel
+    if layout != "packed":
+        raise ValueError(f"unknown layout {layout!r}; use 'packed' or 'upstream'")
+    seq_len = int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
+    # Positions past a sample's own length point at padding; their targets are ignored.
+    text_pos = (PREFIX_LEN + j_text).clamp(max=seq_len - 1)
+    mel_pos = (PREFIX_LEN + text_lens.unsqueeze(1) + 2 + j_mel).clamp(max=seq_len - 1)
+    return text_pos, mel_pos
+
+
+def split_state_dict(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
+    """Split an official-format state dict into (group-A candidates, carried group-B keys, dropped keys).
+
+    Accepts DDP-style "module." prefixes. The caller decides what to do with candidates the
+    model does not have.
+    """
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    trained, carried, dropped = {}, {}, []
+    for key, value in state.items():
+        if key.startswith(DROPPED_PREFIXES) or key.endswith((".attn.bias", ".attn.masked_bias")):
+            dropped.append(key)
+        elif key.startswith(CARRIED_PREFIXES):
+            carried[key] = value
+        else:
+            trained[key] = value
+    return trained, carried, dropped
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+__all__ = [
+    "CARRIED_PREFIXES",
+    "DROPPED_PREFIXES",
+    "GPTConfig",
+    "PREFIX_LEN",
+    "UnifiedVoiceGPT",
+    "count_parameters",
+    "dropout_keys",
+    "split_state_dict",
+]

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Fine-tune the IndexTTS2 GPT ("UnifiedVoice" v2) with exact, interruption-proof resume.
+
+    python trainers/train_gpt_v2.py --demo
+    python trainers/train_gpt_v2.py --train-manifest train.jsonl --val-manifest val.jsonl \
+        --tokenizer checkpoints/bpe.model --config checkpoints/config.yaml \
+        --base-checkpoint checkpoints/gpt.pth --output-dir runs/my_voice
+    python trainers/train_gpt_v2.py --resume auto --output-dir runs/my_voice
+
+Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
+trained); 3 training diverged (non-finite loss); 130 / 143 stopped by SIGINT / SIGTERM after
+saving a checkpoint at the last optimizer-step boundary.
+"""
+from __future__ import annotations
+
+import time
+
+PROCESS_START = time.monotonic()
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from trainers.data_order import MicroBatchSampler, Position, StepPlan  # noqa: E402
+from trainers.faults import KillPoint  # noqa: E402
+from trainers.features import collate_batch  # noqa: E402
+from trainers.gpt_model import dropout_keys  # noqa: E402
+from trainers.run_config import UserError, parse_command_line  # noqa: E402
+from trainers.run_setup import Run, setup_run  # noqa: E402
+from trainers.stop_signals import StopRequest  # noqa: E402
+from trainers.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
+from trainers.train_state import CHECKPOINT_FORMAT, capture_rng_state, library_versions  # noqa: E402
+
+log = logging.getLogger("train")
+
+EXIT_OK, EXIT_USAGE, EXIT_DIVERGED = 0, 2, 3
+MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    try:
+        run = setup_run(parse_command_line(argv))
+    except UserError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    return train(run)
+
+
+def train(run: Run) -> int:
+    cfg, model = run.cfg, run.model
+    kill = KillPoint.from_env()
+    run.checkpoints.on_event = kill.on_checkpoint_event
+    tlog = TrainLog(run.run_dir, run.global_step, history=run.history, record_sample_ids=cfg.log_sample_ids)
+    if run.global_step >= run.total_steps:
+        log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
+                 run.global_step)
+        tlog.close()
+        return EXIT_OK
+    stop = StopRequest().install()
+    if run.global_step == 0:
+        evaluate(run, tlog)
+    model.train()
+    bar = tqdm(total=run.total_steps, initial=run.global_step, unit="step", disable=None, dynamic_ncols=True)
+    bad_steps, first_step = 0, run.global_step
+    try:
+        while run.global_step < run.total_steps:
+            epoch = run.position.epoch
+            plans = run.order.plan_epoch(epoch, run.position.step_in_epoch, cfg.batch_size)
+            plans = plans[: run.total_steps - run.global_step]
+            batches = iter(make_loader(run, run.train_set, plans))
+            for plan in plans:
+                t0 = time.perf_counter()
+                metrics, lr, grad_norm = train_step(run, plan, batches, kill)
+                if not torch.isfinite(torch.tensor(grad_norm)):
+                    bad_steps += 1
+                    log.warning("step %d: non-finite gradient norm, update skipped (%d in a row); if this repeats, "
+                                "lower --learning-rate or check the data", run.global_step + 1, bad_steps)
+                    if bad_steps >= MAX_BAD_STEPS:
+                        log.error("training diverged: %d non-finite steps in a row; the last checkpoint is intact",
+                                  bad_steps)
+                        return EXIT_DIVERGED
+                else:
+                    bad_steps = 0
+                run.global_step += 1
+                run.samples_seen += metrics.samples
+                run.position = Position(epoch, plan.step_in_epoch + 1).normalised(run.order.steps_per_epoch)
+                if run.global_step == first_step + 1:
+                    log.info("first optimizer step finished %.2f s after process start",
+                             time.monotonic() - PROCESS_START)
+                tlog.sample_ids(run.global_step, epoch, [run.train_samples[i].id for i in plan.samples])
+                tlog.train_step(run.global_step, metrics, lr, grad_norm, time.perf_counter() - t0)
+                bar.update(1)
+                bar.set_postfix(mel_loss=f"{metrics.means()['mel_loss']:.3f}", refresh=False)
+                if run.global_step % cfg.log_interval == 0:
+                    tlog.flush_interval(run.global_step, epoch, run.total_steps)
+                if cfg.val_interval and run.global_step % cfg.val_interval == 0 and run.global_step < run.total_steps:
+                    evaluate(run, tlog)
+                    model.train()
+                last = run.global_step == run.total_steps  # the final save below covers it
+                if (run.global_step % cfg.save_interval == 0 and not last) or stop.requested:
+                    save(run, tlog)
+                kill.check("step", run.global_step)
+                if stop.requested:
+                    log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s",
+                             run.global_step, run.run_dir)
+                    return stop.exit_status
+            del batches
+        tlog.flush_interval(run.global_step, run.position.epoch, run.total_steps)
+        evaluate(run, tlog)
+        save(run, tlog)
+        log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
+                 "--max-steps or --epochs", run.global_step, run.position.epoch, run.position.step_in_epoch)
+        return EXIT_OK
+    finally:
+        bar.close()
+        tlog.close()
+        stop.uninstall()
+
+
+def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[StepMetrics, float, float]:
+    """One optimizer step over the plan's micro-batches, with the loss normalised per step."""
+    cfg, model, opt = run.cfg, run.model, run.optimizer
+    lr = run.schedule.apply(opt, run.global_step)
+    # Divide by the token count of the whole step so the gradient does not depend on the split.
+    text_total = sum(run.train_samples[i].text_len + 1 for i in plan.samples)
+    mel_total = sum(run.train_samples[i].code_len + 1 for i in plan.samples)
+    metrics = StepMetrics()
+    for j, expected in enumerate(plan.micro_batches):
+        batch = next(batches).to(run.device, non_blocking=True)
+        if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
+            raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
+        keys = dropout_keys(cfg.seed, run.global_step, batch.indices)
+        with autocast(run):
+            sums = model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
+                                   batch.code_lens, dropout_keys=keys)
+            loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
+        run.scaler.scale(loss).backward()
+        metrics.add({k: v.detach() for k, v in sums.items()}, len(expected))
+        kill.check("micro", run.global_step + 1, j)
+    run.scaler.unscale_(opt)
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.trainable, max_norm))
+    if run.scaler.is_enabled() or torch.isfinite(torch.tensor(grad_norm)):
+        run.scaler.step(opt)  # skips the update itself when fp16 gradients overflowed
+    run.scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return metrics, lr, grad_norm
+
+
+@torch.no_grad()
+def evaluate(run: Run, tlog: TrainLog) -> dict[str, float] | None:
+    if run.val_set is None:
+        return None
+    cfg = run.cfg
+    size = cfg.val_batch_size or cfg.batch_size
+    chunks = [list(range(i, min(i + size, len(run.val_set)))) for i in range(0, len(run.val_set), size)]
+    if cfg.max_val_batches:
+        chunks = chunks[: cfg.max_val_batches]
+    run.model.eval()
+    metrics = StepMetrics()
+    for batch in make_loader(run, run.val_set, [StepPlan(0, 0, chunks)]):
+        batch = batch.to(run.device, non_blocking=True)
+        with autocast(run):
+            sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
+                                       batch.code_lens)
+        metrics.add(sums, len(batch.ids))
+    return tlog.validation(run.global_step, metrics)
+
+
+def make_loader(run: Run, dataset, plans: list[StepPlan]) -> DataLoader:
+    # A private generator keeps DataLoader's worker seeding off the global RNG, so creating a
+    # loader mid-epoch on resume draws nothing the uninterrupted run would not have drawn.
+    return DataLoader(
+        dataset,
+        batch_sampler=MicroBatchSampler(plans),
+        num_workers=run.cfg.num_workers,
+        collate_fn=collate_batch,
+        pin_memory=run.device.type == "cuda",
+        generator=torch.Generator().manual_seed(run.cfg.seed),
+    )
+
+
+def autocast(run: Run):
+    if run.amp_dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=run.device.type, dtype=run.amp_dtype)
+
+
+def save(run: Run, tlog: TrainLog) -> Path:
+    """Checkpoint at an optimizer-step boundary; everything needed to continue exactly."""
+    model_state = {k: v.detach().cpu() for k, v in run.model.state_dict().items()}
+    model_state.update(run.carried)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "model": model_state,
+        "optimizer": run.optimizer.state_dict(),
+        "optimizer_params": [[n, list(p.shape)] for n, p in zip(run.param_names, run.trainable)],
+        "scheduler": run.schedule.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else {},
+        "step": run.global_step,
+        "epoch": run.position.epoch,
+        "step_in_epoch": run.position.step_in_epoch,
+        "samples_in_epoch": min(run.position.step_in_epoch * run.cfg.effective_batch, len(run.train_samples)),
+        "samples_seen": run.samples_seen,
+        "rng": capture_rng_state(),
+        "config": run.cfg.to_dict(),
+        "model_config": run.gpt_cfg.to_dict(),
+        "fingerprints": dict(run.fingerprints),
+        "vocab": dict(run.vocab),
+        "versions": library_versions(),
+        "amp_dtype": str(run.amp_dtype),
+        "metrics": list(tlog.history),
+    }
+    path = run.checkpoints.save(state, run.global_step)
+    log.info("saved checkpoint %s (step %d)", path, run.global_step)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())

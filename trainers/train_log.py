@@ -1,0 +1,139 @@
+"""Where training reports go: log lines, TensorBoard, the metrics history, sample-id records."""
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+log = logging.getLogger("train")
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Log lines that do not tear the progress bar apart."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # pragma: no cover - logging must never kill training
+            self.handleError(record)
+
+
+def setup_logging() -> None:
+    handler = _TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+@dataclass
+class StepMetrics:
+    """Sums over one optimizer step; turned into per-token means when logged."""
+
+    text_ce: float = 0.0
+    mel_ce: float = 0.0
+    text_tokens: int = 0
+    mel_tokens: int = 0
+    mel_correct: int = 0
+    samples: int = 0
+
+    def add(self, sums: dict[str, Any], samples: int) -> None:
+        self.text_ce += float(sums["text_ce"])
+        self.mel_ce += float(sums["mel_ce"])
+        self.text_tokens += int(sums["text_tokens"])
+        self.mel_tokens += int(sums["mel_tokens"])
+        self.mel_correct += int(sums["mel_correct"])
+        self.samples += samples
+
+    def means(self) -> dict[str, float]:
+        return {
+            "text_loss": self.text_ce / max(1, self.text_tokens),
+            "mel_loss": self.mel_ce / max(1, self.mel_tokens),
+            "mel_top1": self.mel_correct / max(1, self.mel_tokens),
+        }
+
+
+@dataclass
+class TrainLog:
+    run_dir: Path
+    start_step: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+    record_sample_ids: bool = False
+
+    def __post_init__(self) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events a killed run wrote after the checkpoint we resume from.
+        purge = self.start_step + 1 if self.start_step > 0 else None
+        self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=purge)
+        self.sample_ids_path = self.run_dir / "sample_ids.tsv"
+        if self.record_sample_ids:
+            _truncate_sample_ids(self.sample_ids_path, self.start_step)
+        self._interval = StepMetrics()
+        self._interval_steps = 0
+        self._interval_seconds = 0.0
+
+    def train_step(self, step: int, metrics: StepMetrics, lr: float, grad_norm: float, seconds: float) -> None:
+        means = metrics.means()
+        for name, value in means.items():
+            self.writer.add_scalar(f"train/{name}", value, step)
+        self.writer.add_scalar("train/lr", lr, step)
+        self.writer.add_scalar("train/grad_norm", grad_norm, step)
+        self.writer.add_scalar("train/samples_per_second", metrics.samples / max(seconds, 1e-9), step)
+        for name in ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct", "samples"):
+            setattr(self._interval, name, getattr(self._interval, name) + getattr(metrics, name))
+        self._interval_steps += 1
+        self._interval_seconds += seconds
+        self._last = (lr, grad_norm)
+
+    def flush_interval(self, step: int, epoch: int, total_steps: int) -> None:
+        if not self._interval_steps:
+            return
+        means = self._interval.means()
+        lr, grad_norm = self._last
+        rate = self._interval.samples / max(self._interval_seconds, 1e-9)
+        log.info(
+            "step %d/%d epoch %d text_loss %.4f mel_loss %.4f mel_top1 %.4f lr %.3e grad_norm %.3f samples/s %.1f",
+            step, total_steps, epoch, means["text_loss"], means["mel_loss"], means["mel_top1"], lr, grad_norm, rate,
+        )
+        self.history.append({"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "grad_norm": grad_norm})
+        self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
+        self.writer.flush()
+
+    def validation(self, step: int, metrics: StepMetrics) -> dict[str, float]:
+        means = metrics.means()
+        for name, value in means.items():
+            self.writer.add_scalar(f"val/{name}", value, step)
+        log.info("validation step %d text_loss %.4f mel_loss %.4f mel_top1 %.4f samples %d",
+                 step, means["text_loss"], means["mel_loss"], means["mel_top1"], metrics.samples)
+        self.history.append({"kind": "val", "step": step, **means})
+        self.writer.flush()
+        return means
+
+    def event(self, tag: str, value: float, step: int) -> None:
+        self.writer.add_scalar(tag, value, step)
+
+    def sample_ids(self, step: int, epoch: int, ids: list[str]) -> None:
+        if self.record_sample_ids:
+            with open(self.sample_ids_path, "a", encoding="utf-8") as f:
+                f.write(f"{step}\t{epoch}\t{','.join(ids)}\n")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _truncate_sample_ids(path: Path, keep_up_to_step: int) -> None:
+    """Forget steps a killed run recorded after the checkpoint being resumed."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    # A line without its newline was cut off by a kill; the step it began is redone.
+    kept = [ln for ln in lines if ln.endswith("\n") and int(ln.split("\t", 1)[0]) <= keep_up_to_step]
+    if len(kept) != len(lines):
+        tmp = path.with_name("." + path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
