@@ -200,7 +200,8 @@ class CheckpointManager:
         elif latest.exists():
             latest_step = self._latest_step(files)
             if newest is not None and latest_step is not None and newest[0] > latest_step:
-                logger.warning(
+                # Expected after a kill between the two renames of a save: not an alarm.
+                logger.info(
                     "%s is newer than %s (step %d): the previous run was killed "
                     "before it updated latest.pth. Resuming from %s.",
                     newest[1].name, latest, latest_step, newest[1],

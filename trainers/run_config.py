@@ -124,7 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train_gpt_v2.py",
         description="Fine-tune the IndexTTS2 GPT with exact, interruption-proof resume.",
         argument_default=argparse.SUPPRESS,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     d = TrainConfig()
     data = p.add_argument_group("data")

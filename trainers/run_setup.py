@@ -198,17 +198,16 @@ def _with_demo_assets(cfg: TrainConfig, run_dir: Path) -> tuple[TrainConfig, dic
     if not cfg.demo:
         return cfg, None
     model_yaml = _read_model_yaml(cfg.config)
+    if cfg.train_manifests and cfg.val_manifests and cfg.tokenizer and cfg.base_checkpoint:
+        return cfg, model_yaml  # everything given (or saved): nothing to generate
     gpt = model_yaml["gpt"]
     spec = DemoCorpusSpec(model_dim=gpt["model_dim"], vocab_size=gpt["number_text_tokens"],
                           num_codes=gpt["start_mel_token"])
     assets = ensure_demo_assets(run_dir / "demo_data", spec)
     base = ensure_demo_base(run_dir / "demo_data", GPTConfig.from_yaml_section(gpt))
     values = cfg.to_dict()
-    values.setdefault("train_manifests", [])
-    if not cfg.train_manifests:
-        values["train_manifests"] = [str(assets.train_manifest)]
-    if not cfg.val_manifests:
-        values["val_manifests"] = [str(assets.val_manifest)]
+    values["train_manifests"] = values["train_manifests"] or [str(assets.train_manifest)]
+    values["val_manifests"] = values["val_manifests"] or [str(assets.val_manifest)]
     values["tokenizer"] = values["tokenizer"] or str(assets.tokenizer)
     values["base_checkpoint"] = values["base_checkpoint"] or str(base)
     return TrainConfig.from_dict(values), model_yaml

@@ -60,10 +60,10 @@ def library_versions() -> dict[str, str]:
 
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "numpy": np.__version__,
         "sentencepiece": sentencepiece.__version__,
-        "cuda": torch.version.cuda or "none",
+        "cuda": str(torch.version.cuda or "none"),
     }
 
 

@@ -1,0 +1,76 @@
+"""User errors stop before any work, with a message that names the file, line or flag."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainers.train_gpt_v2 import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INDEXTTS_TRAIN_KILL_AT", raising=False)
+
+
+def _tiny_data(root: Path, lines: list[dict]) -> Path:
+    feats = root / "f"
+    feats.mkdir(parents=True)
+    np.save(feats / "t.npy", np.array([5, 6, 7], dtype=np.int32))
+    np.save(feats / "c.npy", np.arange(10, dtype=np.int32))
+    np.save(feats / "cond.npy", np.zeros((32, 64), dtype=np.float32))
+    np.save(feats / "emo.npy", np.zeros(64, dtype=np.float32))
+    manifest = root / "train.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest
+
+
+def _line(**overrides: object) -> dict:
+    line = {"id": "u1", "text_ids_path": "f/t.npy", "text_len": 3, "codes_path": "f/c.npy", "code_len": 10,
+            "condition_path": "f/cond.npy", "emo_vec_path": "f/emo.npy"}
+    line.update(overrides)
+    return {k: v for k, v in line.items() if v is not None}
+
+
+def _run(tmp_path: Path, manifest: Path, *extra: str) -> int:
+    tokenizer = tmp_path / "demo" / "demo_data" / "bpe.model"
+    if not tokenizer.exists():  # generate the demo tokenizer once through a tiny demo run
+        assert main(["--demo", "--output-dir", str(tmp_path / "demo"), "--max-steps", "1"]) == 0
+    return main(["--train-manifest", str(manifest), "--tokenizer", str(tokenizer),
+                 "--config", str(REPO / "checkpoints" / "demo.yaml"), "--output-dir", str(tmp_path / "run"),
+                 "--num-workers", "0", *extra])
+
+
+@pytest.mark.parametrize("bad, message", [
+    (_line(code_len=None), "missing"),
+    (_line(codes_path="f/nope.npy"), "nope.npy"),
+    (_line(code_len=500), "max_mel_tokens"),
+])
+def test_bad_manifest_line_is_reported_with_file_and_line(tmp_path, capsys, bad, message):
+    manifest = _tiny_data(tmp_path / "data", [_line(), _line(id="u2"), bad])
+    assert _run(tmp_path, manifest) == 2
+    err = capsys.readouterr().err
+    assert f"{manifest}:3:" in err and message in err
+    assert not (tmp_path / "run").exists()  # nothing was trained or written
+
+
+def test_unknown_flag_value_names_the_flag(tmp_path, capsys):
+    manifest = _tiny_data(tmp_path / "data", [_line()])
+    assert _run(tmp_path, manifest, "--batch-size", "0") == 2
+    assert "--batch-size" in capsys.readouterr().err
+
+
+def test_missing_base_checkpoint_names_the_flag(tmp_path, capsys):
+    manifest = _tiny_data(tmp_path / "data", [_line()])
+    assert _run(tmp_path, manifest, "--base-checkpoint", str(tmp_path / "gpt.pth")) == 2
+    assert "--base-checkpoint" in capsys.readouterr().err
+
+
+def test_resume_path_that_does_not_exist(tmp_path, capsys):
+    assert main(["--resume", str(tmp_path / "nope.pth")]) == 2
+    assert "--resume" in capsys.readouterr().err

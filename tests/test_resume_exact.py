@@ -1,0 +1,173 @@
+"""Stopping and resuming never changes the result.
+
+Each test runs the real entry point in a subprocess on the demo config and compares the final
+checkpoint of an interrupted-and-resumed run with one uninterrupted run, tensor by tensor.
+Kills are real SIGKILLs at exact points (trainers/faults.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainers.demo_base import ensure_demo_base
+from trainers.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.gpt_model import GPTConfig
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
+STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
+COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "6",
+          "--val-interval", "0", "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1",
+          "--keep-checkpoints", "2", "--log-interval", "100"]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    root = tmp_path_factory.mktemp("demo_assets")
+    gpt = yaml.safe_load((REPO / "checkpoints" / "demo.yaml").read_text())["gpt"]
+    corpus = ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt["model_dim"], vocab_size=gpt["number_text_tokens"],
+                                                     num_codes=gpt["start_mel_token"]))
+    base = ensure_demo_base(root, GPTConfig.from_yaml_section(gpt))
+    return ["--demo", "--train-manifest", str(corpus.train_manifest), "--val-manifest", str(corpus.val_manifest),
+            "--tokenizer", str(corpus.tokenizer), "--base-checkpoint", str(base)]
+
+
+def train(out: Path, *args: str, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "INDEXTTS_TRAIN_KILL_AT"}
+    if kill_at:
+        env["INDEXTTS_TRAIN_KILL_AT"] = kill_at
+    return subprocess.run([sys.executable, str(SCRIPT), "--output-dir", str(out), *args], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def final_state(out: Path) -> dict:
+    return torch.load(out / "latest.pth", map_location="cpu", weights_only=True)
+
+
+def assert_same_training(a: Path, b: Path) -> None:
+    sa, sb = final_state(a), final_state(b)
+    assert sa["step"] == sb["step"] == STEPS
+    assert (sa["epoch"], sa["step_in_epoch"]) == (sb["epoch"], sb["step_in_epoch"])
+    assert sa["model"].keys() == sb["model"].keys()
+    for key in sa["model"]:
+        assert torch.equal(sa["model"][key], sb["model"][key]), f"model tensor {key} differs"
+    _assert_equal_nested(sa["optimizer"], sb["optimizer"], "optimizer")
+    assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
+
+
+def _assert_equal_nested(x: object, y: object, where: str) -> None:
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor) and torch.equal(x, y), f"{where} differs"
+    elif isinstance(x, dict):
+        assert isinstance(y, dict) and x.keys() == y.keys(), f"{where} keys differ"
+        for k in x:
+            _assert_equal_nested(x[k], y[k], f"{where}.{k}")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), f"{where} length differs"
+        for i, (u, v) in enumerate(zip(x, y)):
+            _assert_equal_nested(u, v, f"{where}[{i}]")
+    else:
+        assert x == y, f"{where}: {x!r} != {y!r}"
+
+
+@pytest.fixture(scope="module")
+def reference(assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reference") / "run"
+    result = train(out, *assets, *COMMON)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.mark.parametrize("kill_at, resumes_from", [
+    ("step:10", "model_step6.pth"),             # mid-epoch, between checkpoints
+    ("step:24", "model_step24.pth"),            # right after the epoch boundary (epoch 0 has 24 steps)
+    ("save:18:tmp_written", "model_step12.pth"),  # during a checkpoint write
+    ("save:30:renamed", "model_step30.pth"),    # checkpoint complete, latest.pth not yet updated
+    ("micro:15:0", "model_step12.pth"),         # mid gradient accumulation
+])
+def test_sigkill_then_resume_auto_is_bit_identical(assets, reference, tmp_path, kill_at, resumes_from):
+    out = tmp_path / "run"
+    killed = train(out, *assets, *COMMON, kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    resumed = train(out, "--resume", "auto")  # the run directory alone is enough
+    assert resumed.returncode == 0, resumed.stderr
+    step = int(resumes_from.removeprefix("model_step").removesuffix(".pth"))
+    assert f"(step {step}," in resumed.stderr
+    assert " WARNING " not in resumed.stderr, "a healthy resume printed a warning"
+    assert_same_training(reference, out)
+
+
+def test_killed_checkpoint_write_never_becomes_latest(assets, tmp_path):
+    out = tmp_path / "run"
+    killed = train(out, *assets, *COMMON, kill_at="save:18:tmp_written")
+    assert killed.returncode == -signal.SIGKILL
+    state = final_state(out)
+    assert state["step"] == 12  # the older complete checkpoint is still the one latest.pth names
+    assert not (out / "model_step18.pth").exists()
+    assert any(p.name.startswith(".model_step18.pth.tmp") for p in out.iterdir())  # the partial file
+    assert (out / "model_step6.pth").exists() and (out / "model_step12.pth").exists()
+
+
+def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(assets, reference, tmp_path):
+    out = tmp_path / "run"
+    stopped = train(out, *assets, *COMMON, kill_at="SIGTERM@micro:9:0")
+    assert stopped.returncode == 143, stopped.stderr
+    assert final_state(out)["step"] == 9  # the step in progress was finished, then saved
+    resumed = train(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_training(reference, out)
+
+
+def test_other_micro_batch_same_effective_batch(assets, reference, tmp_path):
+    out = tmp_path / "run"
+    first = train(out, *assets, *COMMON, "--max-steps", "12", "--lr-decay-steps", str(STEPS))
+    assert first.returncode == 0, first.stderr
+    resumed = train(out, "--resume", "auto", "--batch-size", "4", "--max-steps", str(STEPS))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "grad_accumulation" in resumed.stderr  # the changed split is listed
+    assert (out / "sample_ids.tsv").read_text() == (reference / "sample_ids.tsv").read_text()
+    a, b = final_state(reference), final_state(out)
+    for key in a["model"]:
+        # Different micro-batches change only float summation order.
+        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_exactness_breaking_change_is_refused(assets, reference, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0
+    refused = train(out, "--resume", "auto", "--seed", "7")
+    assert refused.returncode == 2
+    assert "seed" in refused.stderr and "--allow-config-change" in refused.stderr
+    refused = train(out, "--resume", "auto", "--grad-accumulation", "4")
+    assert refused.returncode == 2 and "effective_batch" in refused.stderr
+    allowed = train(out, "--resume", "auto", "--seed", "7", "--allow-config-change", "--max-steps", "8")
+    assert allowed.returncode == 0, allowed.stderr
+    assert final_state(out)["step"] == 8
+
+
+def test_max_steps_end_saves_true_position_and_extends(assets, reference, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, "--max-steps", "20", "--lr-decay-steps", str(STEPS)).returncode == 0
+    state = final_state(out)
+    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (20, 0, 20)
+    again = train(out, "--resume", "auto")
+    assert again.returncode == 0 and "nothing to do" in again.stderr
+    extended = train(out, "--resume", "auto", "--max-steps", str(STEPS))
+    assert extended.returncode == 0, extended.stderr
+    assert final_state(out)["step"] == STEPS
+
+
+def test_fresh_start_refuses_to_overwrite_an_existing_run(assets, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, "--max-steps", "2").returncode == 0
+    before = (out / "latest.pth").read_bytes()
+    again = train(out, *assets, *COMMON)
+    assert again.returncode == 2 and "--resume auto" in again.stderr
+    assert (out / "latest.pth").read_bytes() == before
