@@ -152,7 +152,7 @@ def test_kill_after_renamed_resumes_from_newer_step_file(tmp_path, caplog):
         mgr.save(state(2), 2)
 
     assert loaded_step(mgr.latest_path()) == 1
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint_io"):
+    with caplog.at_level(logging.INFO, logger="trainers.checkpoint_io"):
         resume = mgr.find_resume()
     assert resume == tmp_path / "model_step2.pth"
     assert loaded_step(resume) == 2

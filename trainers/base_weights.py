@@ -20,6 +20,7 @@ from trainers.run_config import UserError
 log = logging.getLogger(__name__)
 
 TEXT_ROW_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
+MODEL_NAMESPACES = ("gpt.", "text_", "mel_", "speed_emb.", "final_norm.")
 
 
 @dataclass
@@ -47,7 +48,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def load_base_weights(path: Path, model: nn.Module) -> BaseWeights:
     trained, carried, dropped = split_state_dict(read_state_dict(path))
     own = model.state_dict()
-    for key in sorted(set(trained) - set(own)):
+    # Keys in the model's own namespaces that it lacks (e.g. extra layers) mean the config does
+    # not match; anything else is unknown to us and is carried through rather than lost.
+    unexpected = sorted(k for k in set(trained) - set(own) if k.startswith(MODEL_NAMESPACES))
+    for key in sorted(set(trained) - set(own) - set(unexpected)):
         log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved checkpoints unchanged", key)
         carried[key] = trained.pop(key)
     missing = sorted(set(own) - set(trained))
@@ -63,11 +67,12 @@ def load_base_weights(path: Path, model: nn.Module) -> BaseWeights:
     mismatched = [
         f"  {k}: checkpoint {tuple(trained[k].shape)}, model {tuple(own[k].shape)}"
         for k in sorted(set(trained) & set(own))
-        if trained[k].shape != own[k].shape and k not in TEXT_ROW_KEYS
+        if _shape_mismatch(k, trained[k].shape, own[k].shape)
     ]
-    if missing or mismatched:
+    if missing or mismatched or unexpected:
         lines = [f"--base-checkpoint {path} does not fit the model built from --config:"]
         lines += [f"  missing: {k}" for k in missing] + mismatched
+        lines += [f"  not in the model: {k}" for k in unexpected]
         lines.append("check that --config matches the checkpoint (model_dim, layers, heads, max_*_tokens, number_mel_codes)")
         raise UserError("\n".join(lines))
     for key in TEXT_ROW_KEYS:
@@ -78,6 +83,11 @@ def load_base_weights(path: Path, model: nn.Module) -> BaseWeights:
                  base_tokens, new_tokens)
     return BaseWeights(carried=carried, base_text_tokens=base_tokens, dropped=dropped,
                        new_text_rows=new_tokens - base_tokens)
+
+
+def _shape_mismatch(key: str, ckpt: torch.Size, model: torch.Size) -> bool:
+    # Text rows may differ in number (vocabulary extension), never in width.
+    return ckpt[1:] != model[1:] if key in TEXT_ROW_KEYS else ckpt != model
 
 
 def resize_text_rows(base: torch.Tensor, new_tokens: int) -> torch.Tensor:

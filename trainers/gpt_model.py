@@ -246,7 +246,10 @@ class UnifiedVoiceGPT(nn.Module):
         if layout == "packed":
             seq_len = int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
             x = _gather_time(x, _packed_source(text_lens, t2, m2, seq_len))
-        drop = SampleDropout(self.cfg.dropout if self.training else 0.0, dropout_keys, x.shape[1], x.shape[2], x.device)
+        p = self.cfg.dropout if self.training else 0.0
+        if p > 0 and dropout_keys is None:
+            raise ValueError("training with dropout needs dropout_keys (see dropout_keys()); they make masks per sample")
+        drop = SampleDropout(p, dropout_keys, x.shape[1], x.shape[2], x.device)
         x = drop(x, 0)
         for i, block in enumerate(self.gpt.h):
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
