@@ -91,6 +91,7 @@ def reference(assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Pa
     ("save:18:tmp_written", "model_step12.pth"),  # during a checkpoint write
     ("save:30:renamed", "model_step30.pth"),    # checkpoint complete, latest.pth not yet updated
     ("micro:15:0", "model_step12.pth"),         # mid gradient accumulation
+    ("micro:3:1", None),                        # before the first checkpoint: restarts from the saved settings
 ])
 def test_sigkill_then_resume_auto_is_bit_identical(assets, reference, tmp_path, kill_at, resumes_from):
     out = tmp_path / "run"
@@ -98,8 +99,11 @@ def test_sigkill_then_resume_auto_is_bit_identical(assets, reference, tmp_path, 
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = train(out, "--resume", "auto")  # the run directory alone is enough
     assert resumed.returncode == 0, resumed.stderr
-    step = int(resumes_from.removeprefix("model_step").removesuffix(".pth"))
-    assert f"(step {step}," in resumed.stderr
+    if resumes_from is None:
+        assert "no checkpoint yet" in resumed.stderr
+    else:
+        step = int(resumes_from.removeprefix("model_step").removesuffix(".pth"))
+        assert f"(step {step}," in resumed.stderr
     assert " WARNING " not in resumed.stderr, "a healthy resume printed a warning"
     assert_same_training(reference, out)
 
@@ -129,14 +133,17 @@ def test_other_micro_batch_same_effective_batch(assets, reference, tmp_path):
     out = tmp_path / "run"
     first = train(out, *assets, *COMMON, "--max-steps", "12", "--lr-decay-steps", str(STEPS))
     assert first.returncode == 0, first.stderr
-    resumed = train(out, "--resume", "auto", "--batch-size", "4", "--max-steps", str(STEPS))
+    # Another micro-batch and data workers: only the split and the loading change.
+    resumed = train(out, "--resume", "auto", "--batch-size", "4", "--num-workers", "2", "--max-steps", str(STEPS))
     assert resumed.returncode == 0, resumed.stderr
     assert "grad_accumulation" in resumed.stderr  # the changed split is listed
     assert (out / "sample_ids.tsv").read_text() == (reference / "sample_ids.tsv").read_text()
     a, b = final_state(reference), final_state(out)
     for key in a["model"]:
-        # Different micro-batches change only float summation order.
-        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+        # Different micro-batches change only float summation order; Adam turns those rounding
+        # differences into update differences of a fraction of the learning rate (3e-3 here).
+        # Measured: max abs 7.9e-6 after 40 steps (1.5e-5 for a 2 x 8 split).
+        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=1e-4, atol=5e-5, msg=key)
 
 
 def test_exactness_breaking_change_is_refused(assets, reference, tmp_path):
@@ -171,3 +178,48 @@ def test_fresh_start_refuses_to_overwrite_an_existing_run(assets, tmp_path):
     again = train(out, *assets, *COMMON)
     assert again.returncode == 2 and "--resume auto" in again.stderr
     assert (out / "latest.pth").read_bytes() == before
+
+
+def test_resume_from_an_explicit_older_checkpoint(assets, reference, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, kill_at="step:10").returncode == -signal.SIGKILL
+    resumed = train(out, "--resume", str(out / "model_step6.pth"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(step 6," in resumed.stderr
+    assert_same_training(reference, out)
+
+
+def test_more_epochs_continue_where_the_last_epoch_ended(assets, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, "--max-steps", "0", "--epochs", "1", "--lr-decay-steps", "48").returncode == 0
+    state = final_state(out)
+    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (24, 1, 0)
+    more = train(out, "--resume", "auto", "--epochs", "2")
+    assert more.returncode == 0, more.stderr
+    state = final_state(out)
+    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (48, 2, 0)
+    steps = [int(line.split("\t")[0]) for line in (out / "sample_ids.tsv").read_text().splitlines()]
+    assert steps == list(range(1, 49))
+
+
+def test_failed_resume_check_stops_unless_forced(assets, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0
+    ckpt = final_state(out)
+    ckpt["optimizer_params"][0][1] = [1, 2, 3]  # as if the optimizer covered a differently shaped tensor
+    (out / "latest.pth").unlink()
+    (out / "model_step6.pth").unlink()
+    torch.save(ckpt, out / "latest.pth")
+    refused = train(out, "--resume", "auto", "--max-steps", "8")
+    assert refused.returncode == 2 and "resume checks" in refused.stderr and "--force-resume" in refused.stderr
+    forced = train(out, "--resume", "auto", "--max-steps", "8", "--force-resume")
+    assert forced.returncode == 0, forced.stderr
+    assert final_state(out)["step"] == 8
+
+
+def test_sigint_finishes_the_step_saves_and_exits_130(assets, tmp_path):
+    out = tmp_path / "run"
+    stopped = train(out, *assets, *COMMON, kill_at="SIGINT@micro:3:0")
+    assert stopped.returncode == 130, stopped.stderr
+    assert final_state(out)["step"] == 3
+    assert "--resume auto" in stopped.stderr

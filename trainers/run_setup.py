@@ -6,6 +6,7 @@ seconds, not hours, and never touches an existing run directory's checkpoints.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -77,7 +78,8 @@ class Run:
 def setup_run(cmd: CommandLine) -> Run:
     run_dir, checkpoint_path = _locate_run(cmd)
     ckpt = _load_resume_checkpoint(checkpoint_path) if checkpoint_path else None
-    cfg = resolve(cmd, ckpt["config"] if ckpt else None, REPO_ROOT)
+    saved = ckpt["config"] if ckpt else _config_of_unsaved_run(run_dir) if cmd.resume == "auto" else None
+    cfg = resolve(cmd, saved, REPO_ROOT)
     if ckpt and "output_dir" not in cmd.given:
         cfg = TrainConfig.from_dict({**cfg.to_dict(), "output_dir": str(run_dir)})
     run_dir = Path(cfg.output_dir)
@@ -178,6 +180,20 @@ def _locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
             "or choose another --output-dir (nothing was changed)"
         )
     return run_dir, None
+
+
+def _config_of_unsaved_run(run_dir: Path) -> dict[str, Any] | None:
+    """A run killed before its first checkpoint restarts from step 0 with its saved settings."""
+    path = run_dir / RUN_CONFIG_NAME
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{path} is unreadable ({exc}); pass the training flags again, or delete it") from None
+    log.info("--resume auto: %s has no checkpoint yet; starting from step 0 with the settings in %s",
+             run_dir, RUN_CONFIG_NAME)
+    return saved
 
 
 def _load_resume_checkpoint(path: Path) -> dict[str, Any]:

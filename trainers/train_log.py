@@ -68,8 +68,7 @@ class TrainLog:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events a killed run wrote after the checkpoint we resume from.
-        purge = self.start_step + 1 if self.start_step > 0 else None
-        self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=purge)
+        self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=self.start_step + 1)
         self.sample_ids_path = self.run_dir / "sample_ids.tsv"
         if self.record_sample_ids:
             _truncate_sample_ids(self.sample_ids_path, self.start_step)
