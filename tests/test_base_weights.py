@@ -8,30 +8,13 @@ import pytest
 import torch
 
 from trainers.base_weights import BaseWeights, load_base_weights, read_state_dict, resize_text_rows
+from tests.conftest import TINY_GPT
 from trainers.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.run_config import UserError
 
-CFG = GPTConfig(
-    model_dim=16,
-    layers=2,
-    heads=2,
-    max_text_tokens=12,
-    max_mel_tokens=16,
-    number_text_tokens=20,
-    number_mel_codes=30,
-    start_mel_token=28,
-    stop_mel_token=29,
-)
+CFG = TINY_GPT
 NT = CFG.number_text_tokens
 TEXT_ROW_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def cfg_with(**overrides) -> GPTConfig:
