@@ -74,3 +74,11 @@ def test_missing_base_checkpoint_names_the_flag(tmp_path, capsys):
 def test_resume_path_that_does_not_exist(tmp_path, capsys):
     assert main(["--resume", str(tmp_path / "nope.pth")]) == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_sample_that_breaks_at_load_time_stops_with_file_and_line(tmp_path, capsys):
+    # The manifest says 9 codes, the file holds 10: only loading the array can tell.
+    manifest = _tiny_data(tmp_path / "data", [_line(), _line(id="u2", code_len=9)])
+    assert _run(tmp_path, manifest, "--batch-size", "1", "--grad-accumulation", "2") == 2
+    err = capsys.readouterr().err
+    assert f"{manifest}:2:" in err and "c.npy" in err and "--resume auto" in err

@@ -18,6 +18,7 @@ import time
 PROCESS_START = time.monotonic()
 
 import logging  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -30,7 +31,7 @@ from tqdm import tqdm  # noqa: E402
 
 from trainers.data_order import MicroBatchSampler, Position, StepPlan  # noqa: E402
 from trainers.faults import KillPoint  # noqa: E402
-from trainers.features import collate_batch  # noqa: E402
+from trainers.features import FeatureError, collate_batch  # noqa: E402
 from trainers.gpt_model import dropout_keys  # noqa: E402
 from trainers.run_config import UserError, parse_command_line  # noqa: E402
 from trainers.run_setup import Run, setup_run  # noqa: E402
@@ -40,7 +41,7 @@ from trainers.train_state import CHECKPOINT_FORMAT, capture_rng_state, library_v
 
 log = logging.getLogger("train")
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED = 0, 2, 3
+EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_ABANDONED = 0, 2, 3, 130
 MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
 
 
@@ -51,78 +52,99 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
-    return train(run)
+    try:
+        return train(run)
+    except KeyboardInterrupt:  # a second stop signal: the step is abandoned, the last checkpoint stands
+        return EXIT_ABANDONED
 
 
 def train(run: Run) -> int:
-    cfg, model = run.cfg, run.model
     kill = KillPoint.from_env()
     run.checkpoints.on_event = kill.on_checkpoint_event
-    tlog = TrainLog(run.run_dir, run.global_step, history=run.history, record_sample_ids=cfg.log_sample_ids)
+    tlog = TrainLog(run.run_dir, run.global_step, history=run.history, record_sample_ids=run.cfg.log_sample_ids)
     if run.global_step >= run.total_steps:
         log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
                  run.global_step)
         tlog.close()
         return EXIT_OK
     stop = StopRequest().install()
-    if run.global_step == 0:
-        evaluate(run, tlog)
-    model.train()
     bar = tqdm(total=run.total_steps, initial=run.global_step, unit="step", disable=None, dynamic_ncols=True)
-    bad_steps, first_step = 0, run.global_step
+    first_step = run.global_step
     try:
-        while run.global_step < run.total_steps:
-            epoch = run.position.epoch
-            plans = run.order.plan_epoch(epoch, run.position.step_in_epoch, cfg.batch_size)
-            plans = plans[: run.total_steps - run.global_step]
-            batches = iter(make_loader(run, run.train_set, plans))
-            for plan in plans:
-                t0 = time.perf_counter()
-                metrics, lr, grad_norm = train_step(run, plan, batches, kill)
-                if not torch.isfinite(torch.tensor(grad_norm)):
-                    bad_steps += 1
-                    log.warning("step %d: non-finite gradient norm, update skipped (%d in a row); if this repeats, "
-                                "lower --learning-rate or check the data", run.global_step + 1, bad_steps)
-                    if bad_steps >= MAX_BAD_STEPS:
-                        log.error("training diverged: %d non-finite steps in a row; the last checkpoint is intact",
-                                  bad_steps)
-                        return EXIT_DIVERGED
-                else:
-                    bad_steps = 0
-                run.global_step += 1
-                run.samples_seen += metrics.samples
-                run.position = Position(epoch, plan.step_in_epoch + 1).normalised(run.order.steps_per_epoch)
-                if run.global_step == first_step + 1:
-                    log.info("first optimizer step finished %.2f s after process start",
-                             time.monotonic() - PROCESS_START)
-                tlog.sample_ids(run.global_step, epoch, [run.train_samples[i].id for i in plan.samples])
-                tlog.train_step(run.global_step, metrics, lr, grad_norm, time.perf_counter() - t0)
-                bar.update(1)
-                bar.set_postfix(mel_loss=f"{metrics.means()['mel_loss']:.3f}", refresh=False)
-                if run.global_step % cfg.log_interval == 0:
-                    tlog.flush_interval(run.global_step, epoch, run.total_steps)
-                if cfg.val_interval and run.global_step % cfg.val_interval == 0 and run.global_step < run.total_steps:
-                    evaluate(run, tlog)
-                    model.train()
-                last = run.global_step == run.total_steps  # the final save below covers it
-                if (run.global_step % cfg.save_interval == 0 and not last) or stop.requested:
-                    save(run, tlog)
-                kill.check("step", run.global_step)
-                if stop.requested:
-                    log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s",
-                             run.global_step, run.run_dir)
-                    return stop.exit_status
-            del batches
+        if run.global_step == 0:
+            evaluate(run, tlog)
+        stopped = train_steps(run, tlog, bar, stop, kill)
+        if stopped is not None:
+            return stopped
         tlog.flush_interval(run.global_step, run.position.epoch, run.total_steps)
         evaluate(run, tlog)
         save(run, tlog)
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
                  "--max-steps or --epochs", run.global_step, run.position.epoch, run.position.step_in_epoch)
         return EXIT_OK
+    except FeatureError as exc:
+        # Weights and optimizer are still at the last step boundary: keep that progress.
+        log.error("%s", exc)
+        run.optimizer.zero_grad(set_to_none=True)
+        if run.global_step > first_step:
+            save(run, tlog)
+        log.error("fix or drop that sample, then continue with --resume auto --output-dir %s "
+                  "(add --allow-config-change if you edited the training manifest)", run.run_dir)
+        return EXIT_USAGE
     finally:
         bar.close()
         tlog.close()
         stop.uninstall()
+
+
+def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, kill: KillPoint) -> int | None:
+    """Optimizer steps until the planned end (returns None) or an early stop (returns its exit status)."""
+    cfg, model = run.cfg, run.model
+    model.train()
+    bad_steps, first_step = 0, run.global_step
+    while run.global_step < run.total_steps:
+        epoch = run.position.epoch
+        plans = run.order.plan_epoch(epoch, run.position.step_in_epoch, cfg.batch_size)
+        plans = plans[: run.total_steps - run.global_step]
+        batches = iter(make_loader(run, run.train_set, plans))
+        for plan in plans:
+            t0 = time.perf_counter()
+            metrics, lr, grad_norm = train_step(run, plan, batches, kill)
+            # With fp16 the GradScaler skips overflowing steps by design while it finds its scale.
+            if not run.scaler.is_enabled() and not math.isfinite(grad_norm):
+                bad_steps += 1
+                log.warning("step %d: non-finite gradient norm, update skipped (%d in a row); if this repeats, "
+                            "lower --learning-rate or check the data", run.global_step + 1, bad_steps)
+                if bad_steps >= MAX_BAD_STEPS:
+                    log.error("training diverged: %d non-finite steps in a row; the last checkpoint is intact",
+                              bad_steps)
+                    return EXIT_DIVERGED
+            else:
+                bad_steps = 0
+            run.global_step += 1
+            run.samples_seen += metrics.samples
+            run.position = Position(epoch, plan.step_in_epoch + 1).normalised(run.order.steps_per_epoch)
+            if run.global_step == first_step + 1:
+                log.info("first optimizer step finished %.2f s after process start", time.monotonic() - PROCESS_START)
+            tlog.sample_ids(run.global_step, epoch, [run.train_samples[i].id for i in plan.samples])
+            tlog.train_step(run.global_step, metrics, lr, grad_norm, time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(mel_loss=f"{metrics.means()['mel_loss']:.3f}", refresh=False)
+            if run.global_step % cfg.log_interval == 0:
+                tlog.flush_interval(run.global_step, epoch, run.total_steps)
+            last = run.global_step == run.total_steps  # the caller validates and saves at the end
+            if cfg.val_interval and run.global_step % cfg.val_interval == 0 and not last:
+                evaluate(run, tlog)
+                model.train()
+            if (run.global_step % cfg.save_interval == 0 and not last) or stop.requested:
+                save(run, tlog)
+            kill.check("step", run.global_step)
+            if stop.requested:
+                log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s",
+                         run.global_step, run.run_dir)
+                return stop.exit_status
+        del batches
+    return None
 
 
 def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[StepMetrics, float, float]:
@@ -132,7 +154,7 @@ def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[Step
     # Divide by the token count of the whole step so the gradient does not depend on the split.
     text_total = sum(run.train_samples[i].text_len + 1 for i in plan.samples)
     mel_total = sum(run.train_samples[i].code_len + 1 for i in plan.samples)
-    metrics = StepMetrics()
+    totals: dict[str, torch.Tensor] = {}
     for j, expected in enumerate(plan.micro_batches):
         batch = next(batches).to(run.device, non_blocking=True)
         if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
@@ -143,8 +165,10 @@ def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[Step
                                    batch.code_lens, dropout_keys=keys)
             loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
         run.scaler.scale(loss).backward()
-        metrics.add({k: v.detach() for k, v in sums.items()}, len(expected))
+        totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}
         kill.check("micro", run.global_step + 1, j)
+    metrics = StepMetrics()
+    metrics.add(totals, len(plan.samples))  # one device sync per step, not per micro-batch
     run.scaler.unscale_(opt)
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.trainable, max_norm))
