@@ -223,3 +223,23 @@ def test_sigint_finishes_the_step_saves_and_exits_130(assets, tmp_path):
     assert stopped.returncode == 130, stopped.stderr
     assert final_state(out)["step"] == 3
     assert "--resume auto" in stopped.stderr
+
+
+def test_ctrl_c_to_the_process_group_with_data_workers(assets, reference, tmp_path):
+    """A terminal's Ctrl-C reaches the workers too; the main process alone must handle it."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "INDEXTTS_TRAIN_KILL_AT"}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *assets, *COMMON,
+                             "--num-workers", "2", "--log-interval", "5"],
+                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if " step 5/" in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, rest
+    assert rest.count("received SIGINT") == 1, rest
+    resumed = train(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_training(reference, out)

@@ -50,3 +50,10 @@ class StopRequest:
             "(send it again to abandon the step without saving)",
             signal.Signals(signum).name,
         )
+
+
+def ignore_stop_signals(_worker_id: int = 0) -> None:
+    """For data-loading workers: a terminal's Ctrl-C reaches the whole process group, and the
+    main process alone decides when to stop (it shuts its workers down itself)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -35,7 +35,7 @@ from trainers.features import FeatureError, collate_batch  # noqa: E402
 from trainers.gpt_model import dropout_keys  # noqa: E402
 from trainers.run_config import UserError, parse_command_line  # noqa: E402
 from trainers.run_setup import Run, setup_run  # noqa: E402
-from trainers.stop_signals import StopRequest  # noqa: E402
+from trainers.stop_signals import StopRequest, ignore_stop_signals  # noqa: E402
 from trainers.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
 from trainers.train_state import CHECKPOINT_FORMAT, capture_rng_state, library_versions  # noqa: E402
 
@@ -209,6 +209,7 @@ def make_loader(run: Run, dataset, plans: list[StepPlan]) -> DataLoader:
         collate_fn=collate_batch,
         pin_memory=run.device.type == "cuda",
         generator=torch.Generator().manual_seed(run.cfg.seed),
+        worker_init_fn=ignore_stop_signals if run.cfg.num_workers else None,
     )
 
 
