@@ -259,6 +259,13 @@ class UnifiedVoiceGPT(nn.Module):
         x = self.gpt.ln_f(x)
         return self.final_norm(_gather_time(x, text_pos)), self.final_norm(_gather_time(x, mel_pos))
 
+    def _teacher_forced(self, condition, emo_vec, text_ids, text_lens, codes, code_lens, dropout_keys, layout):
+        """Hidden states at every input position plus the targets they predict."""
+        text_in, text_tgt = self.text_io(text_ids, text_lens)
+        mel_in, mel_tgt = self.mel_io(codes, code_lens)
+        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys, layout)
+        return h_text, h_mel, text_tgt, mel_tgt
+
     def forward(
         self,
         condition: torch.Tensor,
@@ -277,9 +284,8 @@ class UnifiedVoiceGPT(nn.Module):
         mel_logits [B,M+2,Nm]; position j predicts target j of `text_io` / `mel_io`.
         With layout="upstream" the numbers match upstream IndexTTS2 on the same weights.
         """
-        text_in, _ = self.text_io(text_ids, text_lens)
-        mel_in, _ = self.mel_io(codes, code_lens)
-        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys, layout)
+        h_text, h_mel, _, _ = self._teacher_forced(condition, emo_vec, text_ids, text_lens, codes, code_lens,
+                                                   dropout_keys, layout)
         return self.text_head(h_text), self.mel_head(h_mel)
 
     def loss_sums(
@@ -298,9 +304,8 @@ class UnifiedVoiceGPT(nn.Module):
         gradient does not depend on how the step's samples are split into micro-batches.
         Heads run on valid positions only, which saves the padded part of the big mel logits.
         """
-        text_in, text_tgt = self.text_io(text_ids, text_lens)
-        mel_in, mel_tgt = self.mel_io(codes, code_lens)
-        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys)
+        h_text, h_mel, text_tgt, mel_tgt = self._teacher_forced(condition, emo_vec, text_ids, text_lens, codes,
+                                                                code_lens, dropout_keys, "packed")
         t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
         text_logits = self.text_head(h_text[t_valid]).float()
         mel_logits = self.mel_head(h_mel[m_valid]).float()
