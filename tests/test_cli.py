@@ -82,3 +82,15 @@ def test_sample_that_breaks_at_load_time_stops_with_file_and_line(tmp_path, caps
     assert _run(tmp_path, manifest, "--batch-size", "1", "--grad-accumulation", "2") == 2
     err = capsys.readouterr().err
     assert f"{manifest}:2:" in err and "c.npy" in err and "--resume auto" in err
+
+
+def test_failed_checkpoint_write_stops_with_status_4(tmp_path, capsys, monkeypatch):
+    from trainers import checkpoint_io
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_io.CheckpointManager, "save", disk_full)
+    assert main(["--demo", "--output-dir", str(tmp_path / "run"), "--max-steps", "2"]) == 4
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "--resume auto" in err

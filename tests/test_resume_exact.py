@@ -243,3 +243,13 @@ def test_ctrl_c_to_the_process_group_with_data_workers(assets, reference, tmp_pa
     resumed = train(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_training(reference, out)
+
+
+def test_effective_batch_change_when_allowed_resumes_at_the_sample_offset(assets, tmp_path):
+    out = tmp_path / "run"
+    assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0  # 6 steps x 16 = sample 96
+    changed = train(out, "--resume", "auto", "--grad-accumulation", "4", "--allow-config-change", "--max-steps", "7")
+    assert changed.returncode == 0, changed.stderr
+    assert "resuming epoch 0 at sample 96 (step 3)" in changed.stderr
+    state = final_state(out)
+    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (7, 0, 4)

@@ -357,7 +357,7 @@ def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, pa
             run.scaler.load_state_dict(ckpt["scaler"])
     restore_rng_state(ckpt["rng"])
     run.global_step = int(ckpt["step"])
-    run.position = Position(int(ckpt["epoch"]), int(ckpt["step_in_epoch"])).normalised(run.order.steps_per_epoch)
+    run.position = _resume_position(ckpt, run.cfg.effective_batch).normalised(run.order.steps_per_epoch)
     run.samples_seen = int(ckpt.get("samples_seen", 0))
     run.history = list(ckpt.get("metrics", []))
     run.resumed_from = path
@@ -366,6 +366,20 @@ def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, pa
                     "bit-identical to an uninterrupted run", ckpt.get("versions"), library_versions())
     if ckpt.get("amp_dtype") != str(run.amp_dtype):
         log.info("mixed precision changed from %s to %s", ckpt.get("amp_dtype"), run.amp_dtype)
+
+
+def _resume_position(ckpt: dict[str, Any], effective_batch: int) -> Position:
+    """The saved position; in samples when an allowed change altered the effective batch."""
+    epoch, step = int(ckpt["epoch"]), int(ckpt["step_in_epoch"])
+    saved_batch = TrainConfig.from_dict(ckpt["config"]).effective_batch
+    if saved_batch == effective_batch:
+        return Position(epoch, step)
+    samples = int(ckpt.get("samples_in_epoch", step * saved_batch))
+    new_step, repeated = divmod(samples, effective_batch)
+    log.warning("effective batch changed from %d to %d: resuming epoch %d at sample %d (step %d)%s", saved_batch,
+                effective_batch, epoch, new_step * effective_batch, new_step,
+                f"; {repeated} samples of this epoch will be seen twice" if repeated else "")
+    return Position(epoch, new_step)
 
 
 def _state_problems(run: Run, ckpt: dict[str, Any]) -> list[str]:

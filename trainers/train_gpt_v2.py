@@ -8,8 +8,9 @@
     python trainers/train_gpt_v2.py --resume auto --output-dir runs/my_voice
 
 Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
-trained); 3 training diverged (non-finite loss); 130 / 143 stopped by SIGINT / SIGTERM after
-saving a checkpoint at the last optimizer-step boundary.
+trained); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
+one is intact); 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint at the last
+optimizer-step boundary.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from trainers.train_state import CHECKPOINT_FORMAT, capture_rng_state, library_v
 
 log = logging.getLogger("train")
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_ABANDONED = 0, 2, 3, 130
+EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_ABANDONED = 0, 2, 3, 4, 130
 MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
 
 
@@ -82,6 +83,9 @@ def train(run: Run) -> int:
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
                  "--max-steps or --epochs", run.global_step, run.position.epoch, run.position.step_in_epoch)
         return EXIT_OK
+    except CheckpointWriteError as exc:
+        log.error("%s", exc)
+        return EXIT_SAVE_FAILED
     except FeatureError as exc:
         # Weights and optimizer are still at the last step boundary: keep that progress.
         log.error("%s", exc)
@@ -244,9 +248,20 @@ def save(run: Run, tlog: TrainLog) -> Path:
         "amp_dtype": str(run.amp_dtype),
         "metrics": list(tlog.history),
     }
-    path = run.checkpoints.save(state, run.global_step)
+    try:
+        path = run.checkpoints.save(state, run.global_step)
+    except OSError as exc:
+        previous = run.checkpoints.find_resume()
+        raise CheckpointWriteError(
+            f"could not write the checkpoint of step {run.global_step} in {run.run_dir}: {exc}. "
+            f"The previous checkpoint ({previous.name if previous else 'none'}) is intact; free disk space or fix "
+            f"permissions, then continue with --resume auto --output-dir {run.run_dir}") from None
     log.info("saved checkpoint %s (step %d)", path, run.global_step)
     return path
+
+
+class CheckpointWriteError(RuntimeError):
+    """Saving failed (disk full, permissions); training stops rather than run on unsaved."""
 
 
 if __name__ == "__main__":
