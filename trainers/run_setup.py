@@ -62,13 +62,11 @@ class Run:
     position: Position = field(default_factory=lambda: Position(0, 0))
     samples_seen: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    resumed_from: Path | None = None
 
     @property
     def total_steps(self) -> int:
         """Where this invocation stops: --max-steps or the end of --epochs, whichever is first."""
-        by_epochs = self.cfg.epochs * self.order.steps_per_epoch
-        return min(self.cfg.max_steps, by_epochs) if self.cfg.max_steps > 0 else by_epochs
+        return _planned_steps(self.cfg, self.order)
 
     @property
     def trainable(self) -> list[torch.nn.Parameter]:
@@ -360,7 +358,6 @@ def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, pa
     run.position = _resume_position(ckpt, run.cfg.effective_batch).normalised(run.order.steps_per_epoch)
     run.samples_seen = int(ckpt.get("samples_seen", 0))
     run.history = list(ckpt.get("metrics", []))
-    run.resumed_from = path
     if ckpt.get("versions") != library_versions():
         log.warning("library versions differ from the saved run (%s now %s): results stay correct but may not be "
                     "bit-identical to an uninterrupted run", ckpt.get("versions"), library_versions())

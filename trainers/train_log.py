@@ -83,8 +83,7 @@ class TrainLog:
         self.writer.add_scalar("train/lr", lr, step)
         self.writer.add_scalar("train/grad_norm", grad_norm, step)
         self.writer.add_scalar("train/samples_per_second", metrics.samples / max(seconds, 1e-9), step)
-        for name in ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct", "samples"):
-            setattr(self._interval, name, getattr(self._interval, name) + getattr(metrics, name))
+        self._interval.add(vars(metrics), metrics.samples)
         self._interval_steps += 1
         self._interval_seconds += seconds
         self._last = (lr, grad_norm)
@@ -112,9 +111,6 @@ class TrainLog:
         self.history.append({"kind": "val", "step": step, **means})
         self.writer.flush()
         return means
-
-    def event(self, tag: str, value: float, step: int) -> None:
-        self.writer.add_scalar(tag, value, step)
 
     def sample_ids(self, step: int, epoch: int, ids: list[str]) -> None:
         if self.record_sample_ids:
