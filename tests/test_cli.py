@@ -61,7 +61,7 @@ def test_bad_manifest_line_is_reported_with_file_and_line(tmp_path, capsys, bad,
 
 def test_unknown_flag_value_names_the_flag(tmp_path, capsys):
     manifest = _tiny_data(tmp_path / "data", [_line()])
-    assert _run(tmp_path, manifest, "--batch-size", "0") == 2
+    assert _run(tmp_path, manifest, "--batch-size", "-1") == 2
     assert "--batch-size" in capsys.readouterr().err
 
 

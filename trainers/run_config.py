@@ -27,9 +27,10 @@ class TrainConfig:
     base_checkpoint: str | None = None
     output_dir: str = "runs/gpt_finetune"
     # Optimisation. The effective batch (samples per optimizer step) defines the run;
-    # the micro-batch only decides how a step's samples are split for memory.
-    batch_size: int = 4
-    grad_accumulation: int = 8
+    # the micro-batch only decides how a step's samples are split for memory (0: auto).
+    effective_batch: int = 32
+    batch_size: int = 0
+    grad_accumulation: int = 0
     epochs: int = 10
     max_steps: int = 0
     learning_rate: float = 2e-5
@@ -45,24 +46,22 @@ class TrainConfig:
     mel_loss_weight: float = 0.8
     dropout: float = 0.1
     seed: int = 1234
+    # None until setup: on when the tokenizer extends the base checkpoint's vocabulary.
+    freeze_base_vocab: bool | None = None
     # Run-time choices that do not change the result beyond float rounding.
     amp: bool = False
     grad_checkpointing: bool = False
     deterministic: bool = False
-    num_workers: int = 2
+    num_workers: int = 0
     device: str = "auto"
     val_interval: int = 500
-    max_val_batches: int = 50
+    max_val_batches: int = 10
     val_batch_size: int = 0
     save_interval: int = 1000
     keep_checkpoints: int = 3
     log_interval: int = 10
     log_sample_ids: bool = False
     demo: bool = False
-
-    @property
-    def effective_batch(self) -> int:
-        return self.batch_size * self.grad_accumulation
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -77,6 +76,9 @@ class TrainConfig:
         for key in ("train_manifests", "val_manifests"):
             if key in values:
                 values[key] = tuple(values[key])
+        if "effective_batch" not in values and values.get("batch_size") and values.get("grad_accumulation"):
+            # Files written before --effective-batch existed: the product was the effective batch.
+            values["effective_batch"] = values["batch_size"] * values["grad_accumulation"]
         return cls(**values)
 
 
@@ -84,8 +86,7 @@ class TrainConfig:
 DEMO_DEFAULTS: dict[str, Any] = {
     "config": "checkpoints/demo.yaml",
     "output_dir": "runs/demo",
-    "batch_size": 16,
-    "grad_accumulation": 1,
+    "effective_batch": 16,
     "epochs": 100,
     "max_steps": 240,
     "learning_rate": 3e-3,
@@ -95,7 +96,6 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "text_loss_weight": 0.2,
     "mel_loss_weight": 0.8,
     "dropout": 0.0,
-    "num_workers": 0,
     "val_interval": 80,
     "max_val_batches": 8,
     "save_interval": 80,
@@ -107,7 +107,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 EXACTNESS_KEYS = (
     "seed", "effective_batch", "learning_rate", "warmup_steps", "lr_decay_steps", "min_lr_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "text_loss_weight",
-    "mel_loss_weight", "dropout",
+    "mel_loss_weight", "dropout", "freeze_base_vocab",
 )
 # Settings that may change freely: hardware split, bookkeeping, how long to train.
 FREE_KEYS = (
@@ -137,8 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--output-dir", help=f"run directory [{d.output_dir}]")
 
     opt = p.add_argument_group("optimisation")
-    _num(opt, "--batch-size", int, d.batch_size, "micro-batch size (samples per forward pass)")
-    _num(opt, "--grad-accumulation", int, d.grad_accumulation, "micro-batches per optimizer step")
+    _num(opt, "--effective-batch", int, d.effective_batch,
+         "samples per optimizer step; defines the run and is kept on resume")
+    _num(opt, "--batch-size", int, d.batch_size, "micro-batch size (samples per forward pass; 0: auto)")
+    _num(opt, "--grad-accumulation", int, d.grad_accumulation,
+         "micro-batches per optimizer step (0: auto; without --effective-batch, batch size x this sets it)")
     _num(opt, "--epochs", int, d.epochs, "epochs to train")
     _num(opt, "--max-steps", int, d.max_steps, "stop after this many optimizer steps (0: no limit)")
     _num(opt, "--learning-rate", float, d.learning_rate, "peak learning rate")
@@ -151,17 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     _num(opt, "--mel-loss-weight", float, d.mel_loss_weight, "weight of the mel cross-entropy")
     _num(opt, "--dropout", float, d.dropout, "embedding and residual dropout")
     _num(opt, "--seed", int, d.seed, "seed of the data order and dropout masks")
+    opt.add_argument("--freeze-base-vocab", action=argparse.BooleanOptionalAction,
+                     help="keep the base checkpoint's text embedding/head rows bit-identical "
+                          "[on when the tokenizer extends the base vocabulary]")
 
     rt = p.add_argument_group("run time")
     rt.add_argument("--amp", action="store_true", help="mixed precision on CUDA (bf16 if supported, else fp16)")
     rt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations to save memory")
     rt.add_argument("--deterministic", action="store_true",
                     help="deterministic CUDA kernels, for bit-identical resume on GPU (slower; CPU runs are deterministic anyway)")
-    _num(rt, "--num-workers", int, d.num_workers, "data loading worker processes")
+    _num(rt, "--num-workers", int, d.num_workers, "data loading worker processes (0: auto)")
     rt.add_argument("--device", help=f"auto, cpu, cuda or cuda:N [{d.device}]")
     _num(rt, "--val-interval", int, d.val_interval, "validate every N optimizer steps (0: only at start and end)")
     _num(rt, "--max-val-batches", int, d.max_val_batches, "validation batches per evaluation (0: all)")
-    _num(rt, "--val-batch-size", int, d.val_batch_size, "validation batch size (0: --batch-size)")
+    _num(rt, "--val-batch-size", int, d.val_batch_size, "validation batch size (0: the effective batch)")
     _num(rt, "--save-interval", int, d.save_interval, "save a checkpoint every N optimizer steps")
     _num(rt, "--keep-checkpoints", int, d.keep_checkpoints, "model_step files to keep (0: only latest.pth)")
     _num(rt, "--log-interval", int, d.log_interval, "log a line every N optimizer steps")
@@ -222,25 +228,45 @@ def resolve(cmd: CommandLine, saved: dict[str, Any] | None, repo_root: Path) -> 
         values["config"] = str(repo_root / TrainConfig.config)
     if saved:
         values.update({k: v for k, v in saved.items() if k in {f.name for f in fields(TrainConfig)}})
-    given = dict(cmd.given)
-    if saved and "batch_size" in given and "grad_accumulation" not in given:
-        # Changing only the micro-batch keeps the saved effective batch when it divides evenly.
-        eff = saved["batch_size"] * saved["grad_accumulation"]
-        if eff % given["batch_size"] == 0:
-            given["grad_accumulation"] = eff // given["batch_size"]
+    if saved and "effective_batch" not in saved and saved.get("batch_size") and saved.get("grad_accumulation"):
+        values["effective_batch"] = saved["batch_size"] * saved["grad_accumulation"]
+    if saved and "freeze_base_vocab" not in saved:
+        values["freeze_base_vocab"] = False  # runs saved before the option existed trained every row
+    given = _given_batch_split(cmd.given)
     values.update(given)
     cfg = TrainConfig.from_dict(values)
     _check_values(cfg)
     return cfg
 
 
+def _given_batch_split(given: dict[str, Any]) -> dict[str, Any]:
+    """The batch flags as typed, completed so the split never contradicts the effective batch.
+
+    Giving one of --batch-size / --grad-accumulation makes the other one derived (auto), so a
+    resumed run may change its split freely. Giving both without --effective-batch sets the
+    effective batch to their product, as in the community trainer.
+    """
+    given = dict(given)
+    micro, accum = given.get("batch_size"), given.get("grad_accumulation")
+    if micro is not None and accum is None:
+        given["grad_accumulation"] = 0
+    if accum is not None and micro is None:
+        given["batch_size"] = 0
+    if micro and accum:
+        if "effective_batch" not in given:
+            given["effective_batch"] = micro * accum
+        elif micro * accum != given["effective_batch"]:
+            raise UserError(f"--batch-size {micro} x --grad-accumulation {accum} = {micro * accum} samples per step, "
+                            f"but --effective-batch is {given['effective_batch']}; give two of the three, not all")
+    return given
+
+
 def _check_values(cfg: TrainConfig) -> None:
-    positive = ("batch_size", "grad_accumulation", "epochs")
-    for name in positive:
+    for name in ("effective_batch", "epochs"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("max_steps", "warmup_steps", "lr_decay_steps", "num_workers", "val_interval", "max_val_batches",
-                 "save_interval", "keep_checkpoints", "val_batch_size"):
+    for name in ("batch_size", "grad_accumulation", "max_steps", "warmup_steps", "lr_decay_steps", "num_workers",
+                 "val_interval", "max_val_batches", "save_interval", "keep_checkpoints", "val_batch_size"):
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name.replace('_', '-')} must not be negative, got {getattr(cfg, name)}")
     if cfg.log_interval < 1:

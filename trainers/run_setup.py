@@ -17,12 +17,19 @@ import torch
 import yaml
 
 from trainers.base_weights import load_base_weights
+from trainers.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.checkpoint_io import CheckpointError, CheckpointManager, load_checkpoint
 from trainers.data_order import DataOrder, Position
 from trainers.demo_base import ensure_demo_base
 from trainers.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.faults import OomInjector
 from trainers.features import FeatureDataset, FeatureSpec
+from trainers.frozen_rows import FrozenTextRows
 from trainers.gpt_model import GPTConfig, UnifiedVoiceGPT, split_state_dict
+from trainers.hardware import (
+    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, detect_hardware, pick_device,
+    split_for,
+)
 from trainers.lr_schedule import WarmupCosine
 from trainers.manifest import DataLimits, ManifestError, Sample, load_manifests, manifests_fingerprint, parse_manifest_spec
 from trainers.run_config import CommandLine, TrainConfig, UserError, compare, resolve, save_run_config
@@ -58,6 +65,13 @@ class Run:
     fingerprints: dict[str, str]
     vocab: dict[str, int]
     model_yaml: dict[str, Any]
+    hardware: Hardware
+    split: BatchSplit  # the current micro-batch split; OOM recovery makes it smaller
+    num_workers: int
+    oom: OomInjector
+    frozen: FrozenTextRows | None = None
+    probe: tuple[ProbeCache, ProbeKey] | None = None  # where to record a micro-batch that proved too large
+    val_batch: int = 0
     global_step: int = 0
     position: Position = field(default_factory=lambda: Position(0, 0))
     samples_seen: int = 0
@@ -85,6 +99,9 @@ def setup_run(cmd: CommandLine) -> Run:
     model_yaml = _read_model_yaml(cfg.config) if model_yaml is None else model_yaml
 
     vocab_size = _tokenizer_size(cfg.tokenizer)
+    if ckpt and _checkpoint_text_tokens(ckpt) != vocab_size:
+        cfg = _weights_only_start(cmd, cfg, ckpt, checkpoint_path, vocab_size)
+        ckpt = checkpoint_path = None
     gpt_cfg = _gpt_config(model_yaml, cfg, vocab_size)
     limits = DataLimits(gpt_cfg.max_text_tokens, gpt_cfg.max_mel_tokens)
     try:
@@ -104,8 +121,9 @@ def setup_run(cmd: CommandLine) -> Run:
         "tokenizer": file_sha256(Path(cfg.tokenizer)),
         "model_config": dict_sha256({k: v for k, v in gpt_cfg.to_dict().items() if k != "dropout"}),
     }
-    device = _pick_device(cfg.device)
-    amp_dtype = _amp_dtype(cfg.amp, device)
+    device = pick_device(cfg.device)
+    hardware = detect_hardware(device)
+    amp = amp_dtype(hardware, cfg.amp)
     if cfg.deterministic:
         _make_deterministic(device)
 
@@ -122,24 +140,31 @@ def setup_run(cmd: CommandLine) -> Run:
         log.warning("no --base-checkpoint: training from random weights; saved checkpoints will lack the "
                     "conditioning encoders that inference needs")
     model.to(device)
+    freeze = cfg.freeze_base_vocab if cfg.freeze_base_vocab is not None else vocab_size > base_tokens
+    cfg = TrainConfig.from_dict({**cfg.to_dict(), "freeze_base_vocab": freeze})
+    frozen = FrozenTextRows.capture(model, base_tokens) if freeze else None
 
     optimizer, param_names = _build_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
     order = DataOrder(cfg.seed, len(train_samples), cfg.effective_batch)
     decay_steps = cfg.lr_decay_steps or _planned_steps(cfg, order)
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "lr_decay_steps": decay_steps})
     schedule = WarmupCosine(cfg.learning_rate, cfg.warmup_steps, decay_steps, cfg.min_lr_ratio)
 
+    oom = OomInjector.from_env()
+    split, probe = _batch_split(cfg, hardware, model, amp, train_samples, fingerprints["model_config"], run_dir, oom)
+    num_workers, workers_why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
     feature_spec = FeatureSpec(gpt_cfg.model_dim, gpt_cfg.number_text_tokens, gpt_cfg.start_mel_token)
     run = Run(
-        cfg=cfg, gpt_cfg=gpt_cfg, run_dir=run_dir, device=device, amp_dtype=amp_dtype, model=model,
+        cfg=cfg, gpt_cfg=gpt_cfg, run_dir=run_dir, device=device, amp_dtype=amp, model=model,
         carried=carried, optimizer=optimizer, param_names=param_names, schedule=schedule, scaler=scaler,
         train_samples=train_samples, val_samples=val_samples,
         train_set=FeatureDataset(train_samples, feature_spec),
         val_set=FeatureDataset(val_samples, feature_spec) if val_samples else None,
         order=order, checkpoints=CheckpointManager(run_dir, cfg.keep_checkpoints),
         fingerprints=fingerprints, vocab={"text_tokens": vocab_size, "base_text_tokens": base_tokens},
-        model_yaml=model_yaml,
+        model_yaml=model_yaml, hardware=hardware, split=split, num_workers=num_workers, oom=oom, frozen=frozen,
+        probe=probe, val_batch=cfg.val_batch_size or split.micro_batch,
     )
     if ckpt:
         _restore_training_state(run, ckpt, cmd, checkpoint_path)
@@ -150,7 +175,7 @@ def setup_run(cmd: CommandLine) -> Run:
     save_run_config(cfg, run_dir / RUN_CONFIG_NAME, {"fingerprints": fingerprints, "vocab": run.vocab,
                                                      "model_config": gpt_cfg.to_dict()})
     _write_model_yaml(run)
-    _log_summary(run)
+    _log_summary(run, workers_why)
     return run
 
 
@@ -205,6 +230,56 @@ def _load_resume_checkpoint(path: Path) -> dict[str, Any]:
     log.info("resuming from %s (step %d, epoch %d, step %d of that epoch)", path, ckpt["step"], ckpt["epoch"],
              ckpt["step_in_epoch"])
     return ckpt
+
+
+def _checkpoint_text_tokens(ckpt: dict[str, Any]) -> int:
+    if "text_tokens" in ckpt.get("vocab", {}):
+        return int(ckpt["vocab"]["text_tokens"])
+    return int(ckpt["model"]["text_embedding.weight"].shape[0]) - 1
+
+
+def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, ckpt: dict[str, Any], path: Path,
+                        vocab_size: int) -> TrainConfig:
+    """A checkpoint of another vocabulary size starts a new run from its weights, at step 0.
+
+    Its optimizer moments, schedule and data position belong to a different set of trained
+    rows and a different run, so they are dropped rather than half-reused.
+    """
+    old = _checkpoint_text_tokens(ckpt)
+    run_dir = Path(cfg.output_dir)
+    found = CheckpointManager(run_dir, keep=0).find_resume() if run_dir.is_dir() else None
+    if found is not None:
+        raise UserError(
+            f"the tokenizer has {vocab_size} pieces but {path} was trained with {old} text tokens, so training starts "
+            f"over at step 0 from its weights; {run_dir} already holds a run ({found.name}) that this would "
+            "overwrite. Pass a new --output-dir (nothing was changed)")
+    _check_extends(ckpt["config"].get("tokenizer"), cfg.tokenizer, path)
+    log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens: starting a NEW run at step 0 "
+                "from its model weights only (fresh optimizer, learning-rate schedule and loss scaler; data order from "
+                "the start). If you meant to continue that run, pass the tokenizer it was trained with", vocab_size,
+                path, old)
+    values = {**cfg.to_dict(), "base_checkpoint": str(path)}
+    for key in ("lr_decay_steps", "freeze_base_vocab"):  # re-derived for the new run unless given
+        if key not in cmd.given:
+            values[key] = TrainConfig.__dataclass_fields__[key].default
+    return TrainConfig.from_dict(values)
+
+
+def _check_extends(old_path: str | None, new_path: str, checkpoint: Path) -> None:
+    """A larger tokenizer must keep every piece of the one the checkpoint was trained with, at its id."""
+    import sentencepiece as spm
+
+    if not old_path or not Path(old_path).is_file():
+        log.info("the tokenizer %s was trained with is not available, so it cannot be checked that %s extends it",
+                 checkpoint, new_path)
+        return
+    old, new = (spm.SentencePieceProcessor(model_file=p) for p in (old_path, new_path))
+    for i in range(min(old.get_piece_size(), new.get_piece_size())):
+        if old.id_to_piece(i) != new.id_to_piece(i):
+            raise UserError(
+                f"--tokenizer {new_path} is not an extension of {old_path}, which {checkpoint} was trained with: id {i} "
+                f"is {new.id_to_piece(i)!r} there but {old.id_to_piece(i)!r} in the original. Extend the original with "
+                "tools/tokenizer/extend_bpe.py so existing ids keep their meaning")
 
 
 def _with_demo_assets(cfg: TrainConfig, run_dir: Path) -> tuple[TrainConfig, dict[str, Any] | None]:
@@ -264,30 +339,41 @@ def _gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, vocab_size: int) -
     return gpt_cfg
 
 
+def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
+                 samples: list[Sample], model_fingerprint: str, run_dir: Path,
+                 oom: OomInjector) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+    """The micro-batch split: as given, else probed on this GPU (cached per machine), else the CPU size."""
+    given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
+    if given is not None:
+        return given, None
+    if not (hw.is_cuda or oom.active):
+        return split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
+    key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
+                   grad_checkpointing=cfg.grad_checkpointing, longest_text=max(s.text_len for s in samples),
+                   longest_codes=max(s.code_len for s in samples), effective_batch=cfg.effective_batch)
+    cache = ProbeCache(run_dir)
+    cached = cache.lookup(key)
+    if cached is not None:
+        return split_for(cfg.effective_batch, cached, f"auto: probed earlier on this machine, {cache.path.name}"), \
+            (cache, key)
+    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom)
+    micro = largest_fitting(fits, cfg.effective_batch)
+    if micro == 0:
+        log.warning("even a micro-batch of 1 of the longest samples (%d text, %d codes) does not fit in memory; "
+                    "trying anyway. Use --grad-checkpointing, --amp, or drop the longest samples from the manifest",
+                    key.longest_text, key.longest_codes)
+        micro = 1
+    detail = f"auto: probed on the longest samples ({key.longest_text} text, {key.longest_codes} codes)"
+    cache.store(key, micro, detail)
+    return split_for(cfg.effective_batch, micro, detail), (cache, key)
+
+
 def _planned_steps(cfg: TrainConfig, order: DataOrder) -> int:
     by_epochs = cfg.epochs * order.steps_per_epoch
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
 # --- hardware ---------------------------------------------------------------------------------
-
-
-def _pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
-    return device
-
-
-def _amp_dtype(amp: bool, device: torch.device) -> torch.dtype | None:
-    if not amp:
-        return None
-    if device.type != "cuda":
-        log.info("--amp is ignored on %s: mixed precision is used on CUDA only", device)
-        return None
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
 def _make_deterministic(device: torch.device) -> None:
@@ -338,11 +424,19 @@ def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, pa
         log.info("setting differs from the saved run: %s", change.describe())
     breaking = [c for c in changes if c.breaks_exactness]
     if breaking and not cmd.allow_config_change:
-        raise UserError("\n".join([
-            f"resuming {path} with these changes would not reproduce the uninterrupted run:",
-            *[f"  {c.describe()}" for c in breaking],
-            "restore the original flags/files, or pass --allow-config-change to continue anyway",
-        ]))
+        lines = [f"resuming {path} with these changes would not reproduce the uninterrupted run:",
+                 *[f"  {c.describe()}" for c in breaking]]
+        if any(c.key == "tokenizer" for c in breaking):
+            lines.append(
+                f"  the tokenizer file differs from the one this run was trained with: the manifests' text ids and the "
+                f"rows of text_embedding mean the pieces of that tokenizer, so training on with another one would "
+                f"teach the model wrong text. Pass --tokenizer with the original file (the run used {saved_cfg.tokenizer})")
+        if any(c.key == "effective_batch" for c in breaking):
+            lines.append(
+                f"  the effective batch is a hyperparameter of the run ({saved_cfg.effective_batch} samples per step); "
+                "change only --batch-size or --grad-accumulation to fit other hardware, the other one is derived")
+        lines.append("restore the original flags/files, or pass --allow-config-change to continue anyway")
+        raise UserError("\n".join(lines))
     problems = _state_problems(run, ckpt)
     if problems and not cmd.force_resume:
         raise UserError("\n".join([f"{path} fails the resume checks:", *[f"  {p}" for p in problems],
@@ -354,6 +448,10 @@ def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, pa
         if ckpt.get("scaler") and run.scaler.is_enabled():
             run.scaler.load_state_dict(ckpt["scaler"])
     restore_rng_state(ckpt["rng"])
+    if ckpt.get("hardware") and ckpt["hardware"] != run.hardware.cache_key():
+        log.info("hardware changed: the checkpoint was written on %s, this run is on %s; the split of each step "
+                 "into micro-batches may differ, the samples of each step do not", ckpt["hardware"],
+                 run.hardware.cache_key())
     run.global_step = int(ckpt["step"])
     run.position = _resume_position(ckpt, run.cfg.effective_batch).normalised(run.order.steps_per_epoch)
     run.samples_seen = int(ckpt.get("samples_seen", 0))
@@ -408,13 +506,26 @@ def _write_model_yaml(run: Run) -> None:
     tmp.replace(path)
 
 
-def _log_summary(run: Run) -> None:
+def _log_summary(run: Run, workers_why: str) -> None:
     cfg = run.cfg
     n_train = sum(p.numel() for p in run.trainable)
     log.info("model: %d layers, dim %d, %d text tokens; %.1fM trained parameters, %d carried tensors",
              run.gpt_cfg.layers, run.gpt_cfg.model_dim, run.gpt_cfg.number_text_tokens, n_train / 1e6, len(run.carried))
-    log.info("device %s, amp %s; effective batch %d = micro-batch %d x accumulation %d; %d steps per epoch",
-             run.device, run.amp_dtype or "off", cfg.effective_batch, cfg.batch_size,
-             -(-cfg.effective_batch // cfg.batch_size), run.order.steps_per_epoch)
+    if run.frozen:
+        log.info("vocabulary: %d text tokens, base %d; the %d base rows of text_embedding and text_head are frozen "
+                 "(--no-freeze-base-vocab trains them too)", run.vocab["text_tokens"], run.vocab["base_text_tokens"],
+                 run.frozen.rows)
+    elif run.vocab["text_tokens"] > run.vocab["base_text_tokens"]:
+        log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
+                 run.vocab["text_tokens"], run.vocab["base_text_tokens"])
+    log.info("hardware: %s", run.hardware.describe())
+    log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch",
+             cfg.effective_batch, run.split.micro_batch, run.split.accumulation, run.split.reason,
+             run.order.steps_per_epoch)
+    amp_why = ("bf16: supported by this GPU" if run.amp_dtype == torch.bfloat16 else
+               "fp16 with loss scaling: this GPU has no bf16" if run.amp_dtype == torch.float16 else
+               "pass --amp for bf16/fp16 on CUDA" if run.hardware.is_cuda else "CPU")
+    log.info("data workers %d (%s); amp %s (%s)", run.num_workers, workers_why,
+             str(run.amp_dtype).replace("torch.", "") if run.amp_dtype else "off", amp_why)
     log.info("run directory %s; training to step %d (lr decay horizon %d)", run.run_dir, run.total_steps,
              cfg.lr_decay_steps)

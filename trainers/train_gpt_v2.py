@@ -9,8 +9,8 @@
 
 Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
 trained); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
-one is intact); 130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint at the last
-optimizer-step boundary.
+one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
+130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint at the last optimizer-step boundary.
 """
 from __future__ import annotations
 
@@ -30,10 +30,12 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from trainers.batch_probe import release_memory  # noqa: E402
 from trainers.data_order import MicroBatchSampler, Position, StepPlan  # noqa: E402
 from trainers.faults import KillPoint  # noqa: E402
 from trainers.features import FeatureError, collate_batch  # noqa: E402
 from trainers.gpt_model import dropout_keys  # noqa: E402
+from trainers.hardware import split_for  # noqa: E402
 from trainers.run_config import UserError, parse_command_line  # noqa: E402
 from trainers.run_setup import Run, setup_run  # noqa: E402
 from trainers.stop_signals import StopRequest, ignore_stop_signals  # noqa: E402
@@ -42,7 +44,7 @@ from trainers.train_state import CHECKPOINT_FORMAT, capture_rng_state, library_v
 
 log = logging.getLogger("train")
 
-EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_ABANDONED = 0, 2, 3, 4, 130
+EXIT_OK, EXIT_USAGE, EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_OUT_OF_MEMORY, EXIT_ABANDONED = 0, 2, 3, 4, 5, 130
 MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
 
 
@@ -71,6 +73,7 @@ def train(run: Run) -> int:
     stop = StopRequest().install()
     bar = tqdm(total=run.total_steps, initial=run.global_step, unit="step", disable=None, dynamic_ncols=True)
     first_step = run.global_step
+    tlog.scalar("hardware/micro_batch", run.split.micro_batch, run.global_step)
     try:
         if run.global_step == 0:
             evaluate(run, tlog)
@@ -89,12 +92,22 @@ def train(run: Run) -> int:
     except FeatureError as exc:
         # Weights and optimizer are still at the last step boundary: keep that progress.
         log.error("%s", exc)
-        run.optimizer.zero_grad(set_to_none=True)
-        if run.global_step > first_step:
-            save(run, tlog)
+        save_progress(run, tlog, first_step)
         log.error("fix or drop that sample, then continue with --resume auto --output-dir %s "
                   "(add --allow-config-change if you edited the training manifest)", run.run_dir)
         return EXIT_USAGE
+    except OutOfMemoryStop as exc:
+        log.error("%s", exc)
+        save_progress(run, tlog, first_step)
+        log.error("free GPU memory (other processes), use --grad-checkpointing, or drop the longest samples, then "
+                  "continue with --resume auto --output-dir %s", run.run_dir)
+        return EXIT_OUT_OF_MEMORY
+    except torch.OutOfMemoryError as exc:
+        # Outside forward/backward (the optimizer step): the weights may be partly updated, so save nothing.
+        log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
+                  "step; the last checkpoint is intact. Free GPU memory and continue with --resume auto --output-dir "
+                  "%s", run.global_step + 1, str(exc).splitlines()[0], run.run_dir)
+        return EXIT_OUT_OF_MEMORY
     finally:
         bar.close()
         tlog.close()
@@ -108,12 +121,16 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, kill: Ki
     bad_steps, first_step = 0, run.global_step
     while run.global_step < run.total_steps:
         epoch = run.position.epoch
-        plans = run.order.plan_epoch(epoch, run.position.step_in_epoch, cfg.batch_size)
+        plans = run.order.plan_epoch(epoch, run.position.step_in_epoch, run.split.micro_batch)
         plans = plans[: run.total_steps - run.global_step]
         batches = iter(make_loader(run, run.train_set, plans))
         for plan in plans:
             t0 = time.perf_counter()
-            metrics, lr, grad_norm = train_step(run, plan, batches, kill)
+            try:
+                metrics, lr, grad_norm = train_step(run, plan, batches, kill)
+            except StepOutOfMemory as exc:
+                shrink_micro_batch(run, tlog, str(exc))
+                break  # re-plan from the same step: same samples, smaller pieces
             # With fp16 the GradScaler skips overflowing steps by design while it finds its scale.
             if not run.scaler.is_enabled() and not math.isfinite(grad_norm):
                 bad_steps += 1
@@ -147,8 +164,26 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, kill: Ki
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s",
                          run.global_step, run.run_dir)
                 return stop.exit_status
-        del batches
+        del batches  # shut its workers down before the next epoch's (or the re-planned) loader starts
     return None
+
+
+def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
+    """After an out-of-memory error in forward/backward: halve the micro-batch, or stop at 1."""
+    run.optimizer.zero_grad(set_to_none=True)  # partial gradients of the abandoned attempt
+    release_memory(run.device)
+    old = run.split
+    if old.micro_batch == 1:
+        raise OutOfMemoryStop(f"out of memory at step {run.global_step + 1} even with a micro-batch of 1 ({error})")
+    run.split = split_for(run.cfg.effective_batch, old.micro_batch // 2, "halved after running out of memory")
+    log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
+                "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
+                "start there next time", run.global_step + 1, old.micro_batch, error, run.split.micro_batch,
+                run.split.accumulation, run.cfg.effective_batch, run.split.micro_batch)
+    tlog.scalar("hardware/micro_batch", run.split.micro_batch, run.global_step)
+    if run.probe is not None:  # auto mode: the next resume on this machine starts at the size that worked
+        cache, key = run.probe
+        cache.store(key, run.split.micro_batch, f"halved after running out of memory at step {run.global_step + 1}")
 
 
 def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[StepMetrics, float, float]:
@@ -159,48 +194,80 @@ def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[Step
     text_total = sum(run.train_samples[i].text_len + 1 for i in plan.samples)
     mel_total = sum(run.train_samples[i].code_len + 1 for i in plan.samples)
     totals: dict[str, torch.Tensor] = {}
-    for j, expected in enumerate(plan.micro_batches):
-        batch = next(batches).to(run.device, non_blocking=True)
-        if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
-            raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
-        keys = dropout_keys(cfg.seed, run.global_step, batch.indices)
-        with autocast(run):
-            sums = model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
-                                   batch.code_lens, dropout_keys=keys)
-            loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
-        run.scaler.scale(loss).backward()
-        totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}
-        kill.check("micro", run.global_step + 1, j)
+    oom = None
+    try:
+        for j, expected in enumerate(plan.micro_batches):
+            batch = next(batches).to(run.device, non_blocking=True)
+            if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
+                raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
+            run.oom.check(len(expected), run.global_step + 1, j)
+            keys = dropout_keys(cfg.seed, run.global_step, batch.indices)
+            with autocast(run):
+                sums = model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
+                                       batch.code_lens, dropout_keys=keys)
+                loss = (cfg.text_loss_weight * sums["text_ce"] / text_total
+                        + cfg.mel_loss_weight * sums["mel_ce"] / mel_total)
+            run.scaler.scale(loss).backward()
+            totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}
+            kill.check("micro", run.global_step + 1, j)
+    except torch.OutOfMemoryError as exc:
+        oom = str(exc).splitlines()[0]  # only the text: the exception pins the failed pass's tensors
+    if oom is not None:
+        raise StepOutOfMemory(oom)
     metrics = StepMetrics()
     metrics.add(totals, len(plan.samples))  # one device sync per step, not per micro-batch
     run.scaler.unscale_(opt)
+    if run.frozen:
+        run.frozen.zero_grads()  # before clipping: frozen rows neither count in the norm nor touch the moments
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.trainable, max_norm))
     if run.scaler.is_enabled() or torch.isfinite(torch.tensor(grad_norm)):
         run.scaler.step(opt)  # skips the update itself when fp16 gradients overflowed
+    if run.frozen:
+        run.frozen.restore()  # undoes AdamW's decoupled weight decay on the frozen rows, bit for bit
     run.scaler.update()
     opt.zero_grad(set_to_none=True)
     return metrics, lr, grad_norm
 
 
-@torch.no_grad()
 def evaluate(run: Run, tlog: TrainLog) -> dict[str, float] | None:
+    """Validation on a fixed set of samples; on out-of-memory, again from the start with half the batch."""
     if run.val_set is None:
         return None
     cfg = run.cfg
-    size = cfg.val_batch_size or cfg.batch_size
-    chunks = [list(range(i, min(i + size, len(run.val_set)))) for i in range(0, len(run.val_set), size)]
-    if cfg.max_val_batches:
-        chunks = chunks[: cfg.max_val_batches]
+    count = len(run.val_set)
+    if cfg.max_val_batches:  # the set depends on settings only, never on the hardware's batch size
+        count = min(count, cfg.max_val_batches * (cfg.val_batch_size or cfg.effective_batch))
+    while True:
+        metrics, error = validation_pass(run, count)
+        if error is None:
+            return tlog.validation(run.global_step, metrics)
+        release_memory(run.device)
+        if run.val_batch == 1:
+            raise OutOfMemoryStop(f"out of memory in validation even with a batch of 1 ({error})")
+        run.val_batch //= 2
+        log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
+                    "start there", error, run.val_batch, run.val_batch)
+        tlog.scalar("hardware/val_batch", run.val_batch, run.global_step)
+
+
+@torch.no_grad()
+def validation_pass(run: Run, count: int) -> tuple[StepMetrics, str | None]:
+    size = run.val_batch
+    chunks = [list(range(i, min(i + size, count))) for i in range(0, count, size)]
     run.model.eval()
     metrics = StepMetrics()
-    for batch in make_loader(run, run.val_set, [StepPlan(0, 0, chunks)]):
-        batch = batch.to(run.device, non_blocking=True)
-        with autocast(run):
-            sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
-                                       batch.code_lens)
-        metrics.add(sums, len(batch.ids))
-    return tlog.validation(run.global_step, metrics)
+    try:
+        for batch in make_loader(run, run.val_set, [StepPlan(0, 0, chunks)]):
+            batch = batch.to(run.device, non_blocking=True)
+            run.oom.check(len(batch.ids))
+            with autocast(run):
+                sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens,
+                                           batch.codes, batch.code_lens)
+            metrics.add(sums, len(batch.ids))
+    except torch.OutOfMemoryError as exc:
+        return metrics, str(exc).splitlines()[0]
+    return metrics, None
 
 
 def make_loader(run: Run, dataset, plans: list[StepPlan]) -> DataLoader:
@@ -209,11 +276,11 @@ def make_loader(run: Run, dataset, plans: list[StepPlan]) -> DataLoader:
     return DataLoader(
         dataset,
         batch_sampler=MicroBatchSampler(plans),
-        num_workers=run.cfg.num_workers,
+        num_workers=run.num_workers,
         collate_fn=collate_batch,
         pin_memory=run.device.type == "cuda",
         generator=torch.Generator().manual_seed(run.cfg.seed),
-        worker_init_fn=ignore_stop_signals if run.cfg.num_workers else None,
+        worker_init_fn=ignore_stop_signals if run.num_workers else None,
     )
 
 
@@ -246,6 +313,8 @@ def save(run: Run, tlog: TrainLog) -> Path:
         "vocab": dict(run.vocab),
         "versions": library_versions(),
         "amp_dtype": str(run.amp_dtype),
+        "hardware": run.hardware.cache_key(),
+        "micro_batch": run.split.micro_batch,
         "metrics": list(tlog.history),
     }
     try:
@@ -260,8 +329,23 @@ def save(run: Run, tlog: TrainLog) -> Path:
     return path
 
 
+def save_progress(run: Run, tlog: TrainLog, first_step: int) -> None:
+    """Before stopping on an error: the model is at a step boundary, keep any steps since the last save."""
+    run.optimizer.zero_grad(set_to_none=True)
+    if run.global_step > first_step:
+        save(run, tlog)
+
+
 class CheckpointWriteError(RuntimeError):
     """Saving failed (disk full, permissions); training stops rather than run on unsaved."""
+
+
+class StepOutOfMemory(RuntimeError):
+    """Forward/backward of a micro-batch ran out of memory; the step can be redone with smaller pieces."""
+
+
+class OutOfMemoryStop(RuntimeError):
+    """Out of memory at batch size 1: nothing smaller to try."""
 
 
 if __name__ == "__main__":

@@ -112,6 +112,10 @@ class TrainLog:
         self.writer.flush()
         return means
 
+    def scalar(self, name: str, value: float, step: int) -> None:
+        self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
     def sample_ids(self, step: int, epoch: int, ids: list[str]) -> None:
         if self.record_sample_ids:
             with open(self.sample_ids_path, "a", encoding="utf-8") as f:

@@ -35,6 +35,9 @@ def capture_rng_state() -> dict[str, Any]:
 def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     cuda_states = state.get("cuda", [])
+    if cuda_states and not torch.cuda.is_available():
+        log.info("the checkpoint holds CUDA RNG states for %d device(s) and this machine has no CUDA: they are kept "
+                 "out (training draws no CUDA random numbers, so results are unaffected)", len(cuda_states))
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
         if cuda_states and len(cuda_states) == count:

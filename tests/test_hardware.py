@@ -1,0 +1,136 @@
+"""Hardware detection, the micro-batch split, the memory probe and its cache (in-process, no GPU)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY_GPT
+from trainers.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
+from trainers.faults import OomInjector
+from trainers.gpt_model import UnifiedVoiceGPT
+from trainers.hardware import (
+    CPU_MICRO_BATCH, amp_dtype, auto_workers, choose_split, detect_hardware, pick_device, split_for,
+)
+from trainers.run_config import CommandLine, UserError, resolve
+from trainers.train_state import capture_rng_state, restore_rng_state
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cpu_is_detected_with_cores_and_memory():
+    hw = detect_hardware(torch.device("cpu"))
+    assert not hw.is_cuda and hw.gpu is None and hw.cache_key() == "cpu"
+    assert hw.cpu_cores >= 1 and hw.ram_bytes > 0
+    assert "CPU only" in hw.describe()
+    assert amp_dtype(hw, amp=True) is None  # mixed precision is a CUDA feature here
+    assert auto_workers(hw)[0] == 0
+
+
+def test_cuda_device_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(UserError, match="--device cuda"):
+        pick_device("cuda")
+    with pytest.raises(UserError, match="--device banana"):
+        pick_device("banana")
+
+
+@pytest.mark.parametrize("effective, micro, accum, expected", [
+    (32, 8, 0, (8, 4)),
+    (32, 0, 16, (2, 16)),
+    (32, 32, 0, (32, 1)),
+    (32, 64, 0, (32, 1)),   # never more than one step's samples
+    (32, 6, 0, (6, 6)),     # 6+6+6+6+6+2: the last piece is short, the step is still 32 samples
+])
+def test_split_keeps_the_effective_batch(effective, micro, accum, expected):
+    split = choose_split(effective, micro, accum)
+    assert (split.micro_batch, split.accumulation) == expected
+    assert choose_split(effective, 0, 0) is None  # auto: proposed from the hardware
+
+
+def _cmd(**given) -> CommandLine:
+    return CommandLine(given={"train_manifests": ("x.jsonl",), "tokenizer": "t.model", **given}, resume=None)
+
+
+def test_batch_flags_resolve_to_an_effective_batch():
+    assert resolve(_cmd(), None, REPO).effective_batch == 32  # the default
+    both = resolve(_cmd(batch_size=4, grad_accumulation=4), None, REPO)
+    assert (both.effective_batch, both.batch_size, both.grad_accumulation) == (16, 4, 4)  # community semantics
+    assert resolve(_cmd(effective_batch=64, batch_size=8), None, REPO).effective_batch == 64
+    with pytest.raises(UserError, match="give two of the three"):
+        resolve(_cmd(effective_batch=64, batch_size=8, grad_accumulation=4), None, REPO)
+
+
+def test_resume_keeps_the_saved_effective_batch_and_rederives_the_split():
+    saved = resolve(_cmd(batch_size=8, grad_accumulation=4), None, REPO).to_dict()
+    cmd = CommandLine(given={"batch_size": 2}, resume="auto")
+    cfg = resolve(cmd, saved, REPO)
+    assert (cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation) == (32, 2, 0)
+    cfg = resolve(CommandLine(given={"grad_accumulation": 1}, resume="auto"), saved, REPO)
+    assert (cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation) == (32, 0, 1)
+    # A configuration saved before --effective-batch existed.
+    old = {k: v for k, v in saved.items() if k not in ("effective_batch", "freeze_base_vocab")}
+    cfg = resolve(CommandLine(given={}, resume="auto"), old, REPO)
+    assert cfg.effective_batch == 32 and cfg.freeze_base_vocab is False
+
+
+@pytest.mark.parametrize("limit, upper, expected", [(12, 32, 12), (5, 16, 5), (100, 24, 24), (0, 8, 0), (1, 1, 1)])
+def test_probe_finds_the_largest_fitting_micro_batch(limit, upper, expected):
+    tried: list[int] = []
+
+    def fits(n: int) -> bool:
+        tried.append(n)
+        return n <= limit
+
+    assert largest_fitting(fits, upper) == expected
+    assert max(tried) <= upper and len(tried) <= 10
+
+
+def test_probe_runs_the_model_without_changing_it():
+    torch.manual_seed(0)
+    model = UnifiedVoiceGPT(TINY_GPT)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    fits = model_fits(model, torch.device("cpu"), None, longest_text=8, longest_codes=10, oom=OomInjector(above=4))
+    assert largest_fitting(fits, 16) == 4
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.equal(rng, torch.get_rng_state())  # the data order and dropout masks cannot have moved
+
+
+def test_probe_cache_is_reused_only_for_the_same_key(tmp_path):
+    key = ProbeKey("cuda|NVIDIA L4|22478MiB|sm89", "abc", "torch.bfloat16", False, 120, 600, 32)
+    cache = ProbeCache(tmp_path)
+    assert cache.lookup(key) is None
+    cache.store(key, 12, "probed")
+    assert cache.lookup(key) == 12
+    other = ProbeKey("cuda|NVIDIA A100-SXM4-80GB|81153MiB|sm80", "abc", "torch.bfloat16", False, 120, 600, 32)
+    assert cache.lookup(other) is None
+    (tmp_path / cache.path.name).write_text("{not json")
+    assert cache.lookup(key) is None
+
+
+def test_oom_injection_raises_the_cuda_error_type():
+    oom = OomInjector(above=4, at="3:1")
+    oom.check(4)
+    with pytest.raises(torch.OutOfMemoryError):
+        oom.check(5)
+    with pytest.raises(torch.OutOfMemoryError):
+        oom.check(2, 3, 1)
+    oom.check(2, 3, 1)  # once only: the redone step succeeds
+
+
+def test_cuda_rng_states_from_another_machine_are_reported_not_fatal(caplog):
+    state = capture_rng_state()
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)]
+    with caplog.at_level(logging.INFO):
+        restore_rng_state(state)
+    if not torch.cuda.is_available():
+        assert "CUDA RNG states for 2 device(s)" in caplog.text
+
+
+def test_cpu_auto_split_is_bounded():
+    assert split_for(16, CPU_MICRO_BATCH, "auto").micro_batch == min(16, CPU_MICRO_BATCH)

@@ -1,0 +1,150 @@
+"""The hardware decides only how a step's samples are split: OOM recovery, other splits, other machines.
+
+Out-of-memory errors are injected (trainers/faults.py) so the recovery path runs on a CPU.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.demo_runs import assert_close_weights, demo_flags, final_state, train
+
+FLAGS = ["--max-val-batches", "1", "--val-interval", "0", "--log-sample-ids", "--dropout", "0.1",
+         "--keep-checkpoints", "1", "--log-interval", "100"]
+SMALL = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", "16", "--val-batch-size", "16", *FLAGS]
+LARGE = ["--batch-size", "8", "--grad-accumulation", "4", "--max-steps", "16", "--lr-decay-steps", "16", *FLAGS]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return demo_flags(tmp_path_factory.mktemp("demo_assets"))
+
+
+@pytest.fixture(scope="module")
+def small_reference(assets, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("small") / "run"
+    result = train(out, *assets, *SMALL)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def large_reference(assets, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("large") / "run"
+    result = train(out, *assets, *LARGE)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def large_half(assets, tmp_path_factory) -> Path:
+    """The first 8 of LARGE's 16 steps, to copy and resume in several ways."""
+    out = tmp_path_factory.mktemp("large_half") / "run"
+    result = train(out, *assets, *LARGE, "--max-steps", "8")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)  # latest.pth is a hard link in src, a plain copy here
+    return dst
+
+
+def _validations(out: Path) -> list[float]:
+    return [m["mel_loss"] for m in final_state(out)["metrics"] if m["kind"] == "val"]
+
+
+def test_oom_above_4_trains_at_4_x_4_on_the_same_samples(assets, small_reference, tmp_path):
+    out = tmp_path / "run"
+    result = train(out, *assets, *SMALL, env={"INDEXTTS_TRAIN_OOM_ABOVE": "4"})
+    assert result.returncode == 0, result.stderr
+    assert "out of memory at step 1 with micro-batch 8" in result.stderr
+    assert "redoing the step with micro-batch 4 x accumulation 4" in result.stderr
+    assert result.stderr.count("out of memory at step") == 1  # halved once, then kept
+    # Validation ran out of memory too (batch 16) and was redone from the start with 8, then 4.
+    assert "validating again with batch 8" in result.stderr and "validating again with batch 4" in result.stderr
+    assert (out / "sample_ids.tsv").read_text() == (small_reference / "sample_ids.tsv").read_text()
+    assert_close_weights(small_reference, out)
+    for ours, theirs in zip(_validations(out), _validations(small_reference), strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_oom_mid_accumulation_discards_the_partial_step(assets, small_reference, tmp_path):
+    out = tmp_path / "run"
+    # Micro-batch 0 of step 5 has already added its gradients when micro-batch 1 fails.
+    result = train(out, *assets, *SMALL, env={"INDEXTTS_TRAIN_OOM_AT": "5:1"})
+    assert result.returncode == 0, result.stderr
+    assert "out of memory at step 5 with micro-batch 8" in result.stderr
+    assert (out / "sample_ids.tsv").read_text() == (small_reference / "sample_ids.tsv").read_text()
+    assert_close_weights(small_reference, out)  # a kept partial gradient would be off by ~lr, far beyond rounding
+
+
+def test_auto_micro_batch_is_probed_cached_and_reused(assets, small_reference, tmp_path):
+    out = tmp_path / "run"
+    auto = ["--effective-batch", "16", *[f for f in SMALL if f not in ("--batch-size", "8", "--grad-accumulation", "2")]]
+    auto[auto.index("--max-steps") + 1] = "8"
+    result = train(out, *assets, *auto, "--lr-decay-steps", "16", env={"INDEXTTS_TRAIN_OOM_ABOVE": "4"})
+    assert result.returncode == 0, result.stderr
+    assert "micro-batch 4 x accumulation 4 (auto: probed" in result.stderr
+    assert "out of memory at step" not in result.stderr  # the probe found the size before training
+    assert json.loads((out / "micro_batch_probe.json").read_text())["micro_batch"] == 4
+    resumed = train(out, "--resume", "auto", "--max-steps", "16", env={"INDEXTTS_TRAIN_OOM_ABOVE": "4"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert "probed earlier on this machine" in resumed.stderr
+    assert (out / "sample_ids.tsv").read_text() == (small_reference / "sample_ids.tsv").read_text()
+    assert_close_weights(small_reference, out)
+
+
+def test_oom_at_micro_batch_1_stops_with_progress_saved(assets, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--effective-batch", "2", "--batch-size", "1", "--max-steps", "6", *FLAGS]
+    stopped = train(out, *assets, *flags, env={"INDEXTTS_TRAIN_OOM_AT": "3:0"})
+    assert stopped.returncode == 5, stopped.stderr
+    assert "even with a micro-batch of 1" in stopped.stderr
+    assert final_state(out)["step"] == 2  # the last step boundary
+    resumed = train(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert final_state(out)["step"] == 6
+
+
+@pytest.mark.parametrize("split", [("--batch-size", "32"), ("--batch-size", "2"), ("--grad-accumulation", "16")])
+def test_checkpoint_of_8_x_4_resumes_with_another_split(large_half, large_reference, tmp_path, split):
+    out = _copy_run(large_half, tmp_path / "run")
+    resumed = train(out, "--resume", "auto", "--max-steps", "16", *split)
+    assert resumed.returncode == 0, resumed.stderr
+    micro = 32 if split == ("--batch-size", "32") else 2
+    assert f"effective batch 32 = micro-batch {micro} x accumulation {32 // micro}" in resumed.stderr
+    assert (out / "sample_ids.tsv").read_text() == (large_reference / "sample_ids.tsv").read_text()
+    assert_close_weights(large_reference, out)
+
+
+def test_effective_batch_change_is_refused_with_an_explanation(large_half):
+    out = large_half  # refusals change nothing, so the shared run can be used
+    for flags in (["--effective-batch", "64"], ["--batch-size", "8", "--grad-accumulation", "8"]):
+        refused = train(out, "--resume", "auto", *flags)
+        assert refused.returncode == 2, refused.stderr
+        assert "effective_batch: saved 32, now 64" in refused.stderr
+        assert "change only --batch-size or --grad-accumulation" in refused.stderr
+    assert final_state(out)["step"] == 8
+
+
+def test_checkpoint_from_a_cuda_machine_resumes_on_this_one(large_half, large_reference, tmp_path):
+    out = _copy_run(large_half, tmp_path / "run")
+    # What a checkpoint written on a 2-GPU bf16 machine carries that this machine cannot use.
+    state = final_state(out)
+    state["rng"]["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * 2
+    state["hardware"] = "cuda|NVIDIA A100-SXM4-80GB|81153MiB|sm80"
+    state["amp_dtype"] = "torch.bfloat16"
+    torch.save(state, out / "latest.pth")
+    resumed = train(out, "--resume", "auto", "--max-steps", "16")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "hardware changed: the checkpoint was written on cuda|NVIDIA A100" in resumed.stderr
+    if not torch.cuda.is_available():
+        assert "CUDA RNG states for 2 device(s)" in resumed.stderr
+    assert "mixed precision changed from torch.bfloat16 to None" in resumed.stderr
+    a, b = final_state(large_reference), final_state(out)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # same machine underneath: exact

@@ -1,0 +1,50 @@
+"""Keep the base vocabulary's rows of the text embedding and text head bit-identical.
+
+Zeroing their gradients is not enough: AdamW's decoupled weight decay shrinks every row of a
+decayed matrix, and moments left from earlier updates keep moving a row after its gradient
+is gone. So the trainer (1) zeroes the frozen rows' gradients after unscaling and before
+clipping, so they neither move the moments nor count in the clipping norm, and (2) writes
+the saved rows back after every optimizer step, which undoes the decay exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainers.gpt_model import UnifiedVoiceGPT
+
+
+@dataclass
+class FrozenTextRows:
+    """Rows 0..base_tokens-1 (the base ids) and the last row (the extra row moved from base row Nt)."""
+
+    base_tokens: int
+    params: list[torch.nn.Parameter]
+    saved_ids: list[torch.Tensor]
+    saved_extra: list[torch.Tensor]
+
+    @classmethod
+    def capture(cls, model: UnifiedVoiceGPT, base_tokens: int) -> "FrozenTextRows":
+        params = [model.text_embedding.weight, model.text_head.weight, model.text_head.bias]
+        rows = params[0].shape[0]
+        if not 0 < base_tokens < rows:
+            raise ValueError(f"base vocabulary of {base_tokens} tokens does not fit a text table of {rows} rows")
+        return cls(base_tokens, params, [p.detach()[:base_tokens].clone() for p in params],
+                   [p.detach()[-1:].clone() for p in params])
+
+    @property
+    def rows(self) -> int:
+        return self.base_tokens + 1
+
+    def zero_grads(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad[: self.base_tokens].zero_()
+                p.grad[-1:].zero_()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for p, ids, extra in zip(self.params, self.saved_ids, self.saved_extra):
+            p[: self.base_tokens].copy_(ids)
+            p[-1:].copy_(extra)

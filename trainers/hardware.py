@@ -1,0 +1,150 @@
+"""What machine this is, and the hardware-only choices made from it.
+
+The effective batch (samples per optimizer step) is a hyperparameter of the run and never
+changes with the hardware. The hardware decides only how a step's samples are split into
+micro-batches, how many loader processes feed them, and which mixed-precision dtype --amp uses.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from trainers.run_config import UserError
+
+log = logging.getLogger("train")
+
+GiB = 1024 ** 3
+# CPU runs have no memory probe: system RAM is rarely what limits them, and beyond this size a
+# larger micro-batch no longer makes a CPU step faster.
+CPU_MICRO_BATCH = 16
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    capability: tuple[int, int]
+    bf16: bool
+    tf32: bool  # Ampere (8.0) and newer
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: torch.device
+    gpu: GpuInfo | None
+    gpu_count: int
+    cpu_cores: int
+    ram_bytes: int
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.gpu is not None
+
+    def cache_key(self) -> str:
+        """Same key, same memory behaviour: the probe result may be reused."""
+        if self.gpu is None:
+            return "cpu"
+        return f"cuda|{self.gpu.name}|{self.gpu.total_bytes // 2 ** 20}MiB|sm{self.gpu.capability[0]}{self.gpu.capability[1]}"
+
+    def describe(self) -> str:
+        cpu = f"{self.cpu_cores} CPU cores, {self.ram_bytes / GiB:.0f} GiB RAM"
+        if self.gpu is None:
+            return f"CPU only ({cpu})"
+        g = self.gpu
+        return (f"CUDA {self.device} {g.name} ({g.total_bytes / GiB:.1f} GiB, {g.free_bytes / GiB:.1f} GiB free, "
+                f"compute {g.capability[0]}.{g.capability[1]}, bf16 {'yes' if g.bf16 else 'no'}, "
+                f"TF32 {'yes' if g.tf32 else 'no'}; {self.gpu_count} GPU(s) visible); {cpu}")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name}: not a device name; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name}: only cpu and cuda are supported")
+    return device
+
+
+def detect_hardware(device: torch.device) -> Hardware:
+    gpu = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        free, total = torch.cuda.mem_get_info(index)
+        capability = (props.major, props.minor)
+        gpu = GpuInfo(index=index, name=props.name, total_bytes=total, free_bytes=free, capability=capability,
+                      bf16=torch.cuda.is_bf16_supported(), tf32=capability >= (8, 0))
+    return Hardware(device=device, gpu=gpu, gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                    cpu_cores=_cpu_cores(), ram_bytes=_ram_bytes())
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (containers, taskset)
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def amp_dtype(hw: Hardware, amp: bool) -> torch.dtype | None:
+    """bf16 where the GPU has it (no loss scaling needed), else fp16 with a GradScaler."""
+    if not amp:
+        return None
+    if hw.gpu is None:
+        log.info("--amp is ignored on CPU: mixed precision is used on CUDA only")
+        return None
+    return torch.bfloat16 if hw.gpu.bf16 else torch.float16
+
+
+def auto_workers(hw: Hardware) -> tuple[int, str]:
+    """Loader processes for --num-workers 0 (auto)."""
+    if hw.gpu is None:
+        # The model's own threads use every core; loading the small .npy features in the
+        # training process costs less than competing with it.
+        return 0, "CPU training: features are loaded in the training process"
+    workers = max(1, min(4, hw.cpu_cores // 2))
+    return workers, f"half of {hw.cpu_cores} CPU cores, at most 4"
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    micro_batch: int
+    accumulation: int
+    reason: str
+
+
+def split_for(effective_batch: int, micro_batch: int, reason: str) -> BatchSplit:
+    """The split of an effective batch into micro-batches of at most `micro_batch` samples."""
+    micro = max(1, min(micro_batch, effective_batch))
+    return BatchSplit(micro, math.ceil(effective_batch / micro), reason)
+
+
+def choose_split(effective_batch: int, batch_size: int, grad_accumulation: int) -> BatchSplit | None:
+    """The split the user asked for; None when the micro-batch is auto and must be proposed."""
+    if batch_size > effective_batch:
+        log.info("--batch-size %d is larger than the effective batch %d: using micro-batches of %d",
+                 batch_size, effective_batch, effective_batch)
+    if batch_size:
+        return split_for(effective_batch, batch_size, "--batch-size")
+    if grad_accumulation:
+        return split_for(effective_batch, math.ceil(effective_batch / grad_accumulation), "--grad-accumulation")
+    return None
