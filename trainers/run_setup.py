@@ -504,6 +504,10 @@ def _write_model_yaml(run: Run) -> None:
     tmp = path.with_name(".config.yaml.tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     tmp.replace(path)
+    bpe = (data.get("dataset") or {}).get("bpe_model")
+    if run.vocab["text_tokens"] > run.vocab["base_text_tokens"] and bpe and Path(bpe).name != Path(run.cfg.tokenizer).name:
+        log.info("for inference, point dataset.bpe_model in %s (now %s) at the extended tokenizer %s", path, bpe,
+                 run.cfg.tokenizer)
 
 
 def _log_summary(run: Run, workers_why: str) -> None:

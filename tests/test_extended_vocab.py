@@ -1,0 +1,170 @@
+"""Training with an extended tokenizer: frozen base rows, tokenizer checks, weights-only starts.
+
+The demo tokenizer (160 pieces) is extended with Ethiopic pieces by tools/tokenizer/extend_bpe.py,
+and a copy of the demo manifest uses some of the new ids, so the new rows get real gradients.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+
+from tests.demo_runs import REPO, demo_flags, final_state, train
+from trainers.base_weights import TEXT_ROW_KEYS, read_state_dict
+
+BASE_TOKENS = 160
+EXTENDED = 200
+FLAGS = ["--batch-size", "8", "--grad-accumulation", "2", "--weight-decay", "0.1", "--save-interval", "6",
+         "--val-interval", "0", "--max-val-batches", "1", "--keep-checkpoints", "1", "--log-interval", "100"]
+
+
+def _tool(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ethiopic_corpus(path: Path, seed: int) -> Path:
+    rng = random.Random(seed)
+    syllables = [chr(c) for c in range(0x1200, 0x1218)]  # 24 characters: room for 16 longer pieces
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(60)]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(400)]
+    path.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in lines), encoding="utf-8")
+    return path
+
+
+def _extend(base: Path, out: Path, seed: int) -> Path:
+    extend = _tool("extend_bpe", "tools/tokenizer/extend_bpe.py")
+    corpus = _ethiopic_corpus(out.with_suffix(".jsonl"), seed)
+    assert extend.main(["--base-model", str(base), "--manifests", str(corpus), "--output-model", str(out),
+                        "--target-size", str(EXTENDED)]) == 0
+    return out
+
+
+def _manifest_with_new_ids(root: Path) -> Path:
+    """The demo training manifest with every 4th text id moved to a new piece (ids 160..199)."""
+    (root / "features_ext").mkdir()
+    lines = []
+    for line in (root / "train.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        ids = np.load(root / item["target_text_ids_path"])
+        ids = np.where(ids % 4 == 0, BASE_TOKENS + ids % (EXTENDED - BASE_TOKENS), ids)
+        item["target_text_ids_path"] = item["target_text_ids_path"].replace("features/", "features_ext/")
+        np.save(root / item["target_text_ids_path"], ids)
+        lines.append(json.dumps(item))
+    path = root / "train_ext.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("demo_assets")
+    flags = demo_flags(root)
+    value = {flags[i]: flags[i + 1] for i in range(1, len(flags), 2)}
+    tokenizer = _extend(Path(value["--tokenizer"]), root / "bpe_ext.model", seed=1)
+    other = _extend(Path(value["--tokenizer"]), root / "bpe_other.model", seed=2)
+    spm.SentencePieceTrainer.train(input=str(root / "bpe_other.jsonl"), model_prefix=str(root / "unrelated"),
+                                   vocab_size=EXTENDED, model_type="bpe", minloglevel=2)
+    return {
+        "base_run": flags,
+        "extended_run": ["--demo", "--train-manifest", str(_manifest_with_new_ids(root)), "--val-manifest",
+                         value["--val-manifest"], "--tokenizer", str(tokenizer), "--base-checkpoint",
+                         value["--base-checkpoint"]],
+        "base_checkpoint": Path(value["--base-checkpoint"]),
+        "other_tokenizer": other,
+        "unrelated_tokenizer": root / "unrelated.model",
+        "extended_tokenizer": tokenizer,
+    }
+
+
+def _base_rows(t: torch.Tensor, base_tokens: int) -> torch.Tensor:
+    return torch.cat([t[:base_tokens], t[-1:]])  # the base ids and the extra row, moved to the end
+
+
+def _inspect(capsys, *argv: str) -> str:
+    inspect = _tool("inspect_checkpoint", "tools/inspect_checkpoint.py")
+    assert inspect.main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_base_rows_stay_bit_identical_through_decay_and_a_kill(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    killed = train(out, *data["extended_run"], *FLAGS, "--max-steps", "24", kill_at="step:10")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "the 161 base rows of text_embedding and text_head are frozen" in killed.stderr
+    resumed = train(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    state = final_state(out)
+    assert state["step"] == 24 and state["config"]["freeze_base_vocab"] is True
+    assert state["vocab"] == {"text_tokens": EXTENDED, "base_text_tokens": BASE_TOKENS}
+    base = read_state_dict(data["base_checkpoint"])
+    for key in TEXT_ROW_KEYS:
+        rows = state["model"][key]
+        assert rows.shape[0] == EXTENDED + 1
+        assert torch.equal(_base_rows(rows, BASE_TOKENS), base[key]), f"{key}: base rows moved"
+        initial = base[key][:BASE_TOKENS].mean(dim=0)  # where the new rows started
+        assert all(not torch.equal(rows[i], initial) for i in range(BASE_TOKENS, EXTENDED)), f"{key}: a new row is untrained"
+    report = _inspect(capsys, str(out / "latest.pth"), "--base", str(data["base_checkpoint"]))
+    assert "base rows: unchanged" in report
+
+
+@pytest.fixture(scope="module")
+def unfrozen_run(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("unfrozen") / "run"
+    result = train(out, *data["extended_run"], *FLAGS, "--max-steps", "6", "--no-freeze-base-vocab")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_without_freezing_the_base_rows_drift_and_inspect_says_so(data, unfrozen_run, capsys):
+    out = unfrozen_run
+    state = final_state(out)
+    assert state["config"]["freeze_base_vocab"] is False
+    base = read_state_dict(data["base_checkpoint"])
+    assert not torch.equal(_base_rows(state["model"]["text_embedding.weight"], BASE_TOKENS),
+                           base["text_embedding.weight"])
+    assert "base rows: DRIFTED" in _inspect(capsys, str(out / "latest.pth"), "--base", str(data["base_checkpoint"]))
+
+
+def test_resume_with_another_tokenizer_is_refused(data, unfrozen_run):
+    refused = train(unfrozen_run, "--resume", "auto", "--tokenizer", str(data["other_tokenizer"]))
+    assert refused.returncode == 2, refused.stderr
+    assert "the tokenizer file differs from the one this run was trained with" in refused.stderr
+    assert final_state(unfrozen_run)["step"] == 6  # refusals change nothing
+
+
+def test_checkpoint_of_another_vocabulary_size_starts_a_new_run_from_its_weights(data, tmp_path):
+    old = tmp_path / "old"
+    assert train(old, *data["base_run"], *FLAGS, "--max-steps", "6").returncode == 0
+    ext = data["extended_run"]
+    new_flags = ["--tokenizer", str(data["extended_tokenizer"]), "--train-manifest", ext[ext.index("--train-manifest") + 1]]
+    # Continuing in the old run's directory would replace its checkpoints: refused.
+    refused = train(old, "--resume", "auto", *new_flags)
+    assert refused.returncode == 2 and "Pass a new --output-dir" in refused.stderr
+    # A tokenizer that is not an extension of the run's one: refused.
+    refused = train(tmp_path / "x", "--resume", str(old / "latest.pth"), "--tokenizer", str(data["unrelated_tokenizer"]))
+    assert refused.returncode == 2 and "is not an extension of" in refused.stderr
+
+    new = tmp_path / "new"
+    started = train(new, "--resume", str(old / "latest.pth"), *new_flags, "--max-steps", "4")
+    assert started.returncode == 0, started.stderr
+    assert "starting a NEW run at step 0 from its model weights only" in started.stderr
+    state, previous = final_state(new), final_state(old)
+    assert state["step"] == 4 and state["epoch"] == 0 and state["step_in_epoch"] == 4  # counted from 0
+    assert state["config"]["lr_decay_steps"] == 4  # the schedule is planned for the new run
+    assert all(int(s["step"]) == 4 for s in state["optimizer"]["state"].values())  # fresh AdamW, not 6 + 4
+    assert state["vocab"] == {"text_tokens": EXTENDED, "base_text_tokens": BASE_TOKENS}
+    for key in TEXT_ROW_KEYS:  # the old run's rows are this run's frozen base
+        assert torch.equal(_base_rows(state["model"][key], BASE_TOKENS), previous["model"][key])
+    assert (old / "model_step6.pth").exists()  # the old run is untouched

@@ -1,0 +1,220 @@
+"""tools/inspect_checkpoint.py: describing checkpoints and detecting drift of the base vocabulary rows."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools.inspect_checkpoint import main
+
+D, NB, N = 8, 20, 26          # width, base text tokens, extended text tokens
+TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
+OTHER_KEYS = ("gpt.h.0.attn.c_attn.weight", "gpt.h.1.ln_1.bias")
+
+
+def base_state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "text_embedding.weight": torch.randn(NB + 1, D, generator=g),
+        "text_head.weight": torch.randn(NB + 1, D, generator=g),
+        "text_head.bias": torch.randn(NB + 1, generator=g),
+        "gpt.h.0.attn.c_attn.weight": torch.randn(D, 3 * D, generator=g),
+        "gpt.h.1.ln_1.bias": torch.randn(D, generator=g),
+    }
+
+
+def extend(base: torch.Tensor) -> torch.Tensor:
+    """The trainer's layout for N tokens: base rows, new rows (random here), extra row last."""
+    new = torch.randn(N - NB, *base.shape[1:], generator=torch.Generator().manual_seed(1))
+    return torch.cat([base[:NB], new, base[NB:]])
+
+
+def trainer_ckpt(model: dict[str, torch.Tensor], **config_overrides: object) -> dict:
+    config = {"learning_rate": 2e-5, "effective_batch": 32, "batch_size": 8, "grad_accumulation": 4,
+              "weight_decay": 0.01, "seed": 1234, "tokenizer": "tok/bpe.model", "base_checkpoint": "checkpoints/gpt.pth",
+              "freeze_base_vocab": True, "max_steps": 0, "epochs": 10, "amp": False, **config_overrides}
+    return {
+        "format": "indextts2-gpt-trainer/1", "model": model, "optimizer": {}, "optimizer_params": [],
+        "scheduler": {}, "scaler": {}, "step": 120, "epoch": 3, "step_in_epoch": 12, "samples_in_epoch": 384,
+        "samples_seen": 1920, "rng": {}, "config": {k: v for k, v in config.items() if v is not None},
+        "model_config": {"model_dim": D, "layers": 2, "heads": 2, "number_text_tokens": N},
+        "fingerprints": {"data": "d" * 8, "tokenizer": "ab" * 32, "model_config": "c" * 8},
+        "vocab": {"text_tokens": N, "base_text_tokens": NB}, "versions": {"torch": "2.13.0", "python": "3.12"},
+        "amp_dtype": "None",
+        "metrics": [{"kind": "train", "step": 100, "mel_loss": 2.0},
+                    {"kind": "val", "step": 80, "text_loss": 3.0, "mel_loss": 1.4, "mel_top1": 0.3}],
+    }
+
+
+def trained_model(drift_rows: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+    """Extended state where only new rows and non-text tensors changed, plus drift in `drift_rows`."""
+    model = {k: extend(v) if k in TEXT_KEYS else v + 0.5 for k, v in base_state().items()}
+    for row in drift_rows:
+        model["text_embedding.weight"][row, 0] += 0.25
+    return model
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, Path]:
+    paths = {name: tmp_path / f"{name}.pth" for name in ("base", "clean", "drifted", "old")}
+    torch.save({"model": base_state()}, paths["base"])
+    torch.save(trainer_ckpt(trained_model()), paths["clean"])
+    # Row N is the extra row, compared with base row NB.
+    torch.save(trainer_ckpt(trained_model(drift_rows=(0, 7, N))), paths["drifted"])
+    torch.save(trainer_ckpt(trained_model(), effective_batch=None, freeze_base_vocab=None), paths["old"])
+    return paths
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, list[str], str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out.splitlines(), out.err
+
+
+def line(lines: list[str], prefix: str) -> str:
+    found = [ln for ln in lines if ln.startswith(prefix)]
+    assert len(found) == 1, (prefix, lines)
+    return found[0]
+
+
+def test_trainer_checkpoint_unchanged_base_rows(files, capsys):
+    code, lines, err = run(capsys, files["clean"], "--base", files["base"])
+    assert code == 0 and not err
+    assert line(lines, "file:") == f"file: {files['clean']} (trainer checkpoint, format indextts2-gpt-trainer/1)"
+    assert line(lines, "step:") == "step: 120 (epoch 3, step 12 of that epoch; 1920 samples seen)"
+    assert line(lines, "config:") == ("config: effective batch 32 (micro-batch 8 x 4), lr 2e-05, weight decay 0.01, "
+                                      "seed 1234, freeze_base_vocab True")
+    assert line(lines, "vocabulary:") == f"vocabulary: {N} text tokens (base {NB}, {N - NB} new); text_embedding rows {N + 1}"
+    assert line(lines, "tokenizer sha256:") == "tokenizer sha256: " + "ab" * 32
+    assert line(lines, "model:") == f"model: 2 layers, dim {D}, 2 heads"
+    assert line(lines, "last validation:") == "last validation: step 80 val_text_loss 3 val_mel_loss 1.4 val_mel_top1 0.3"
+    for key in TEXT_KEYS:
+        assert line(lines, f"drift {key}:") == (f"drift {key}: base rows max |diff| 0.000e+00, "
+                                                f"0 of {NB + 1} rows changed")
+        assert line(lines, f"new rows {key}:").startswith(f"new rows {key}: {N - NB}, mean |value| ")
+    assert line(lines, "other tensors:").startswith("other tensors: 2 of 2 differ from base")
+    assert line(lines, "base rows:") == f"base rows: unchanged (bit-identical to {files['base']})"
+
+
+def test_drifted_base_rows(files, capsys):
+    code, lines, _ = run(capsys, files["drifted"], "--base", files["base"])
+    assert code == 0
+    assert line(lines, "drift text_embedding.weight:") == ("drift text_embedding.weight: base rows max |diff| "
+                                                           f"2.500e-01, 3 of {NB + 1} rows changed")
+    assert line(lines, "drift text_head.weight:").endswith(f"0 of {NB + 1} rows changed")
+    verdict = line(lines, "base rows:")
+    assert verdict.startswith("base rows: DRIFTED (max |diff| 2.500e-01 in 3 rows): ")
+    assert "freeze_base_vocab True, so freezing did not work" in verdict
+
+
+def test_json_output(files, capsys):
+    code, lines, _ = run(capsys, files["drifted"], "--base", files["base"], "--json")
+    assert code == 0
+    facts = json.loads("\n".join(lines))
+    assert facts["kind"] == "trainer" and facts["file"] == str(files["drifted"])
+    assert (facts["step"], facts["epoch"], facts["step_in_epoch"], facts["samples_seen"]) == (120, 3, 12, 1920)
+    assert facts["config"]["effective_batch"] == 32 and facts["config"]["freeze_base_vocab"] is True
+    assert facts["vocab"] == {"text_tokens": N, "base_text_tokens": NB, "new_text_tokens": N - NB, "rows": N + 1}
+    assert facts["tokenizer_sha256"] == "ab" * 32
+    emb = facts["drift"]["text_embedding.weight"]
+    assert (emb["rows_changed"], emb["rows_compared"], emb["max_abs_diff"]) == (3, NB + 1, 0.25)
+    assert facts["drift"]["text_head.bias"]["rows_changed"] == 0
+    assert facts["base_rows_unchanged"] is False and facts["base_rows_changed"] == 3
+    assert facts["other_tensors"]["differ"] == 2
+
+
+def test_json_without_base(files, capsys):
+    code, lines, _ = run(capsys, files["clean"], "--json")
+    facts = json.loads("\n".join(lines))
+    assert code == 0 and facts["drift"] is None and facts["base_rows_unchanged"] is None
+
+
+def test_text_without_base_suggests_one(files, capsys):
+    code, lines, _ = run(capsys, files["clean"])
+    assert code == 0
+    assert line(lines, "drift:") == "drift: not checked (pass --base checkpoints/gpt.pth to compare the base vocabulary rows)"
+
+
+def test_old_trainer_checkpoint_without_newer_config_keys(files, capsys):
+    code, lines, _ = run(capsys, files["old"], "--base", files["base"])
+    assert code == 0
+    assert line(lines, "config:") == ("config: effective batch 32 (micro-batch 8 x 4), lr 2e-05, weight decay 0.01, "
+                                      "seed 1234, freeze_base_vocab unknown (not recorded)")
+    assert line(lines, "base rows:").startswith("base rows: unchanged")
+
+
+def test_old_drifted_checkpoint_verdict_without_freeze_setting(files, tmp_path, capsys):
+    path = tmp_path / "old_drifted.pth"
+    torch.save(trainer_ckpt(trained_model(drift_rows=(3,)), freeze_base_vocab=None), path)
+    code, lines, _ = run(capsys, path, "--base", files["base"])
+    assert code == 0
+    assert line(lines, "base rows:").startswith(
+        "base rows: DRIFTED (max |diff| 2.500e-01 in 1 rows): this run was not trained with frozen base vocabulary rows")
+
+
+def test_official_raw_state_dict_with_module_prefix(files, tmp_path, capsys):
+    path = tmp_path / "raw.pth"
+    torch.save({f"module.{k}": v for k, v in base_state().items()}, path)
+    code, lines, _ = run(capsys, path, "--base", files["base"])
+    assert code == 0
+    assert line(lines, "file:") == f"file: {path} (raw state dict; 'module.' key prefix stripped)"
+    assert line(lines, "vocabulary:") == f"vocabulary: {NB} text tokens; text_embedding rows {NB + 1}"
+    assert line(lines, "model:") == f"model: 2 layers, dim {D}"
+    values = sum(v.numel() for v in base_state().values())
+    assert line(lines, "tensors:") == f"tensors: 5 ({values:,} values)"
+    assert not any(ln.startswith(("step:", "new rows")) for ln in lines)
+    assert line(lines, "other tensors:").startswith("other tensors: 0 of 2 differ from base;")
+    assert line(lines, "base rows:") == f"base rows: unchanged (bit-identical to {files['base']})"
+
+
+def test_official_format_json(files, capsys):
+    code, lines, _ = run(capsys, files["base"], "--json")
+    facts = json.loads("\n".join(lines))
+    assert code == 0 and facts["kind"] == "official" and facts["step"] is None
+    assert facts["vocab"]["text_tokens"] == NB and facts["model"]["dim"] == D
+
+
+def error_of(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and not out
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+def test_missing_file(files, tmp_path, capsys):
+    assert str(tmp_path / "nope.pth") in error_of(capsys, tmp_path / "nope.pth")
+    err = error_of(capsys, files["clean"], "--base", tmp_path / "nobase.pth")
+    assert "--base" in err and "not found" in err
+
+
+def test_corrupt_and_non_state_dict_files(tmp_path, capsys):
+    corrupt = tmp_path / "corrupt.pth"
+    corrupt.write_bytes(b"not a checkpoint")
+    assert "cannot be read" in error_of(capsys, corrupt)
+    listing = tmp_path / "list.pth"
+    torch.save([1, 2, 3], listing)
+    assert "not a state dict" in error_of(capsys, listing)
+
+
+def test_base_with_other_width(files, tmp_path, capsys):
+    wide = tmp_path / "wide.pth"
+    torch.save({"model": {k: torch.zeros(NB + 1, D * 2) for k in TEXT_KEYS[:2]}}, wide)
+    err = error_of(capsys, files["clean"], "--base", wide)
+    assert str(wide) in err and "different width" in err
+
+
+def test_checkpoint_with_fewer_tokens_than_base(files, tmp_path, capsys):
+    err = error_of(capsys, files["base"], "--base", files["clean"])
+    assert f"has {NB} text tokens" in err and "does not match" in err
+
+
+def test_runs_as_a_script_from_another_directory(files, tmp_path):
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parents[1] / "tools" / "inspect_checkpoint.py"
+    done = subprocess.run([sys.executable, str(script), str(files["clean"]), "--base", str(files["base"])],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "base rows: unchanged" in done.stdout

@@ -1,0 +1,438 @@
+"""Describe a GPT checkpoint and, given its base gpt.pth, how far the base-vocabulary rows drifted.
+
+    python tools/inspect_checkpoint.py runs/x/latest.pth [--base checkpoints/gpt.pth] [--json]
+
+Use it before resuming an old run: if the base rows of text_embedding/text_head differ from
+the base checkpoint, that run was not trained with frozen base vocabulary rows.
+
+Row layout (see trainers/base_weights.py): a file with Nt text tokens has Nt+1 text rows, the
+last being an extra row no token id reaches. A vocabulary extended from Nb to N tokens keeps
+rows 0..Nb-1, puts new pieces at Nb..N-1 and moves the extra row (base row Nb) to row N.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
+    sys.path.insert(0, str(REPO_ROOT))
+
+from trainers.base_weights import TEXT_ROW_KEYS  # noqa: E402
+from trainers.run_config import UserError  # noqa: E402
+
+TRAINER_FORMAT_PREFIX = "indextts2-gpt-trainer/"
+# Rows per float64 chunk: bounds memory (about 40 MB at width 1280) while staying vectorised.
+ROW_CHUNK = 4096
+LAYER_KEY = re.compile(r"^gpt\.h\.(\d+)\.")
+
+
+@dataclass
+class LoadedFile:
+    path: Path
+    kind: str                      # "trainer", "official" ({"model": sd}) or "raw" (a bare sd)
+    state: dict[str, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)  # the whole trainer dict, else empty
+    stripped_prefix: bool = False
+
+
+@dataclass
+class RowDrift:
+    key: str
+    rows_compared: int
+    rows_changed: int
+    max_abs_diff: float
+    changed: torch.Tensor          # bool per base row (0..Nb), for the union over keys
+    new_rows: int
+    new_rows_mean_abs: float | None
+    same_dtype: bool
+
+
+# ---------------------------------------------------------------- loading
+
+def load_file(path: Path, label: str) -> LoadedFile:
+    """Read a trainer checkpoint, an official {"model": sd} file or a raw state dict."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{label} {path}: file not found; check the path") from None
+    except IsADirectoryError:
+        raise UserError(f"{label} {path}: is a directory; pass a .pth file (e.g. {path}/latest.pth)") from None
+    except Exception as exc:  # truncated/corrupt file, or one that needs pickled code
+        # First sentence only: torch's weights_only message goes on to advise weights_only=False.
+        reason = re.split(r"(?<=\.)\s", (str(exc).strip().splitlines() or [""])[0])[0]
+        raise UserError(f"{label} {path}: cannot be read with torch.load(weights_only=True) "
+                        f"({type(exc).__name__}: {reason}); the file may be truncated or corrupt, "
+                        "pass an intact checkpoint (e.g. an older model_step*.pth)") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{label} {path}: holds a {type(obj).__name__}, not a state dict; "
+                        "pass a gpt.pth or a checkpoint written by the trainer")
+    if "format" in obj:
+        kind, meta, state = "trainer", obj, obj.get("model")
+    elif isinstance(obj.get("model"), dict):
+        kind, meta, state = "official", {}, obj["model"]
+    else:
+        kind, meta, state = "raw", {}, obj
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{label} {path}: not a state dict (expected tensors, or a dict with a 'model' "
+                        "state dict); pass a gpt.pth or a checkpoint written by the trainer")
+    state, stripped = strip_module_prefix(state)
+    if "text_embedding.weight" not in state:
+        raise UserError(f"{label} {path}: no text_embedding.weight; is this an IndexTTS2 GPT checkpoint?")
+    return LoadedFile(path, kind, state, meta, stripped)
+
+
+def strip_module_prefix(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
+    # DDP saves every key as "module.<name>"; only a consistent prefix is treated as one.
+    if all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}, True
+    return state, False
+
+
+# ---------------------------------------------------------------- description
+
+def describe(ck: LoadedFile) -> dict[str, Any]:
+    """Facts about one file (the JSON object without the comparison part)."""
+    meta = ck.meta
+    rows, dim = ck.state["text_embedding.weight"].shape[:2]
+    vocab = dict(meta.get("vocab") or {})
+    text_tokens = int(vocab.get("text_tokens", rows - 1))
+    base_tokens = vocab.get("base_text_tokens")
+    model_cfg = meta.get("model_config") or {}
+    return {
+        "file": str(ck.path),
+        "kind": ck.kind,
+        "format": meta.get("format"),
+        "module_prefix_stripped": ck.stripped_prefix,
+        "step": meta.get("step"),
+        "epoch": meta.get("epoch"),
+        "step_in_epoch": meta.get("step_in_epoch"),
+        "samples_seen": meta.get("samples_seen"),
+        "config": summarize_config(meta["config"]) if isinstance(meta.get("config"), dict) else None,
+        "vocab": {
+            "text_tokens": text_tokens,
+            "base_text_tokens": None if base_tokens is None else int(base_tokens),
+            "new_text_tokens": None if base_tokens is None else text_tokens - int(base_tokens),
+            "rows": int(rows),
+        },
+        "tokenizer_sha256": (meta.get("fingerprints") or {}).get("tokenizer"),
+        "model": {
+            "layers": model_cfg.get("layers", count_layers(ck.state)),
+            "dim": model_cfg.get("model_dim", int(dim)),
+            "heads": model_cfg.get("heads"),
+        },
+        "tensors": len(ck.state),
+        "parameters": sum(t.numel() for t in ck.state.values()),
+        "amp_dtype": meta.get("amp_dtype"),
+        "last_validation": last_validation(meta.get("metrics") or []),
+        "versions": meta.get("versions"),
+    }
+
+
+def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    batch, accum = cfg.get("batch_size"), cfg.get("grad_accumulation")
+    effective = cfg.get("effective_batch")
+    if effective is None and batch is not None and accum is not None:
+        effective = batch * accum  # older files did not store the derived value
+    keys = ("batch_size", "grad_accumulation", "learning_rate", "weight_decay", "seed", "freeze_base_vocab",
+            "max_steps", "epochs", "amp", "tokenizer", "base_checkpoint")
+    summary = {"effective_batch": effective, **{k: cfg.get(k) for k in keys}}
+    summary["freeze_base_vocab_recorded"] = "freeze_base_vocab" in cfg
+    return summary
+
+
+def count_layers(state: dict[str, torch.Tensor]) -> int | None:
+    layers = {int(m.group(1)) for k in state if (m := LAYER_KEY.match(k))}
+    return len(layers) if layers else None
+
+
+def last_validation(metrics: list[Any]) -> dict[str, Any] | None:
+    """The newest validation entry, keys named val_*; the trainer logs {"kind": "val", ...}."""
+    for entry in reversed(metrics):
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "val":
+            values = {f"val_{k}": v for k, v in entry.items() if k not in ("kind", "step", "epoch")}
+        else:
+            values = {k: v for k, v in entry.items() if k.startswith("val_")}
+        if values:
+            return {"step": entry.get("step"), **values}
+    return None
+
+
+# ---------------------------------------------------------------- comparison with the base
+
+def compare_with_base(ck: LoadedFile, base: LoadedFile) -> dict[str, Any]:
+    check_compatible(ck, base)
+    nb = base.state["text_embedding.weight"].shape[0] - 1
+    drift: dict[str, Any] = {}
+    changed = torch.zeros(nb + 1, dtype=torch.bool)
+    max_diff, same_dtype = 0.0, True
+    for key in TEXT_ROW_KEYS:
+        missing = [name for name, f in (("checkpoint", ck), ("base", base)) if key not in f.state]
+        if missing:
+            drift[key] = {"skipped": f"not in the {' or '.join(missing)}"}
+            continue
+        d = row_drift(key, ck.state[key], base.state[key])
+        changed |= d.changed
+        max_diff = max(max_diff, d.max_abs_diff) if not math.isnan(d.max_abs_diff) else d.max_abs_diff
+        same_dtype &= d.same_dtype
+        drift[key] = {"max_abs_diff": d.max_abs_diff, "rows_changed": d.rows_changed,
+                      "rows_compared": d.rows_compared, "new_rows": d.new_rows,
+                      "new_rows_mean_abs": d.new_rows_mean_abs}
+    rows_changed = int(changed.sum())
+    return {
+        "base": str(base.path),
+        "base_text_tokens_in_base_file": nb,
+        "drift": drift,
+        "base_rows_unchanged": rows_changed == 0,
+        "base_rows_changed": rows_changed,
+        "base_rows_max_abs_diff": max_diff,
+        "base_rows_same_dtype": same_dtype,
+        "other_tensors": other_tensor_changes(ck.state, base.state),
+        "notes": base_notes(ck, nb),
+    }
+
+
+def check_compatible(ck: LoadedFile, base: LoadedFile) -> None:
+    for key in TEXT_ROW_KEYS:
+        if key not in ck.state or key not in base.state:
+            continue
+        a, b = ck.state[key], base.state[key]
+        if a.shape[1:] != b.shape[1:]:
+            raise UserError(f"--base {base.path}: {key} has shape {tuple(b.shape)} but {ck.path} has "
+                            f"{tuple(a.shape)} (different width); pass the base checkpoint of the same model size")
+        if a.shape[0] < b.shape[0]:
+            raise UserError(f"{ck.path} has {a.shape[0] - 1} text tokens in {key} but --base {base.path} has "
+                            f"{b.shape[0] - 1}; the base does not match this checkpoint, pass the gpt.pth "
+                            "the run started from")
+
+
+def row_drift(key: str, ck: torch.Tensor, base: torch.Tensor) -> RowDrift:
+    """Exact per-row comparison of the base rows; ck has N+1 rows, base Nb+1 rows, N >= Nb."""
+    nb, n = base.shape[0] - 1, ck.shape[0] - 1
+    changed = torch.zeros(nb + 1, dtype=torch.bool)
+    max_diff = 0.0
+    # Rows 0..Nb-1 keep their ids; the extra row moved from Nb to N.
+    spans = [(s, min(s + ROW_CHUNK, nb), s) for s in range(0, nb, ROW_CHUNK)] + [(n, n + 1, nb)]
+    for start, stop, base_start in spans:
+        rows_changed, chunk_max = compare_rows(ck[start:stop], base[base_start:base_start + stop - start])
+        changed[base_start:base_start + stop - start] = rows_changed
+        max_diff = chunk_max if math.isnan(chunk_max) else max(max_diff, chunk_max)
+    new = ck[nb:n]
+    mean_abs = float(new.double().abs().mean()) if new.numel() else None
+    return RowDrift(key, nb + 1, int(changed.sum()), max_diff, changed, n - nb, mean_abs, ck.dtype == base.dtype)
+
+
+def compare_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(row changed?, max |a - b|) in float64, which holds every fp16/bf16/fp32 value exactly."""
+    a64 = a.double().reshape(a.shape[0], -1)
+    b64 = b.double().reshape(b.shape[0], -1)
+    differs = (a64 != b64).any(dim=1)   # per-row torch.equal, vectorised
+    diff = (a64 - b64).abs()
+    return differs, float(diff.max()) if diff.numel() else 0.0
+
+
+def other_tensor_changes(ck: dict[str, torch.Tensor], base: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Overview of the non-text-row tensors: how many moved and the largest relative change."""
+    common = sorted((set(ck) & set(base)) - set(TEXT_ROW_KEYS))
+    comparable = [k for k in common if ck[k].shape == base[k].shape]
+    differ, largest, largest_key = 0, 0.0, None
+    for key in comparable:
+        a, b = ck[key], base[key]
+        if a.dtype == b.dtype and torch.equal(a, b):
+            continue
+        a64, b64 = a.double(), b.double()
+        diff_norm = float(torch.linalg.vector_norm(a64 - b64))
+        if diff_norm == 0.0:
+            continue  # same values stored in another dtype
+        differ += 1
+        base_norm = float(torch.linalg.vector_norm(b64))
+        rel = diff_norm / base_norm if base_norm > 0 else math.inf
+        if largest_key is None or rel > largest:
+            largest, largest_key = rel, key
+    return {
+        "compared": len(comparable),
+        "differ": differ,
+        "largest_relative_change": largest if largest_key else 0.0,
+        "largest_relative_change_key": largest_key,
+        "only_in_checkpoint": len(set(ck) - set(base)),
+        "only_in_base": len(set(base) - set(ck)),
+        "shape_mismatches": len(common) - len(comparable),
+    }
+
+
+def base_notes(ck: LoadedFile, nb: int) -> list[str]:
+    notes = []
+    recorded = (ck.meta.get("vocab") or {}).get("base_text_tokens")
+    if recorded is not None and int(recorded) != nb:
+        # The row layout is then not the one compared here, so any drift verdict is suspect.
+        notes.append(f"the checkpoint records base_text_tokens {recorded} but the base file has {nb} text tokens; "
+                     "is this the base the run started from?")
+    return notes
+
+
+# ---------------------------------------------------------------- text output
+
+def render_text(facts: dict[str, Any]) -> list[str]:
+    lines = [file_line(facts)]
+    if facts["kind"] == "trainer":
+        lines += trainer_lines(facts)
+    lines += vocab_lines(facts)
+    if facts.get("drift") is not None:
+        lines += drift_lines(facts)
+    else:
+        hint = (facts.get("config") or {}).get("base_checkpoint") or "checkpoints/gpt.pth"
+        lines.append(f"drift: not checked (pass --base {hint} to compare the base vocabulary rows)")
+    return lines
+
+
+def file_line(facts: dict[str, Any]) -> str:
+    kind = {"trainer": f"trainer checkpoint, format {facts['format']}",
+            "official": "official checkpoint, {'model': state dict}",
+            "raw": "raw state dict"}[facts["kind"]]
+    if facts["module_prefix_stripped"]:
+        kind += "; 'module.' key prefix stripped"
+    return f"file: {facts['file']} ({kind})"
+
+
+def trainer_lines(facts: dict[str, Any]) -> list[str]:
+    lines = [f"step: {show(facts['step'])} (epoch {show(facts['epoch'])}, step {show(facts['step_in_epoch'])} "
+             f"of that epoch; {show(facts['samples_seen'])} samples seen)"]
+    cfg = facts["config"]
+    if cfg is not None:
+        freeze = show(cfg["freeze_base_vocab"]) if cfg["freeze_base_vocab_recorded"] else "unknown (not recorded)"
+        lines.append(f"config: effective batch {show(cfg['effective_batch'])} (micro-batch "
+                     f"{show(cfg['batch_size'])} x {show(cfg['grad_accumulation'])}), lr {show(cfg['learning_rate'])}, "
+                     f"weight decay {show(cfg['weight_decay'])}, seed {show(cfg['seed'])}, freeze_base_vocab {freeze}")
+        lines.append(f"length: epochs {show(cfg['epochs'])}, max_steps {show(cfg['max_steps'])}; "
+                     f"amp {show(cfg['amp'])} ({show(facts['amp_dtype'])})")
+        lines.append(f"files: base_checkpoint {show(cfg['base_checkpoint'])}, tokenizer {show(cfg['tokenizer'])}")
+    return lines
+
+
+def vocab_lines(facts: dict[str, Any]) -> list[str]:
+    v, m = facts["vocab"], facts["model"]
+    base = f" (base {v['base_text_tokens']}, {v['new_text_tokens']} new)" if v["base_text_tokens"] is not None else ""
+    lines = [f"vocabulary: {v['text_tokens']} text tokens{base}; text_embedding rows {v['rows']}"]
+    if facts["tokenizer_sha256"]:
+        lines.append(f"tokenizer sha256: {facts['tokenizer_sha256']}")
+    heads = f", {m['heads']} heads" if m["heads"] is not None else ""
+    lines.append(f"model: {show(m['layers'])} layers, dim {m['dim']}{heads}")
+    lines.append(f"tensors: {facts['tensors']} ({facts['parameters']:,} values)")
+    if facts["last_validation"]:
+        val = dict(facts["last_validation"])
+        step = val.pop("step")
+        lines.append(f"last validation: step {show(step)} " + " ".join(f"{k} {show(x)}" for k, x in val.items()))
+    if facts["versions"]:
+        lines.append("versions: " + ", ".join(f"{k} {x}" for k, x in facts["versions"].items()))
+    return lines
+
+
+def drift_lines(facts: dict[str, Any]) -> list[str]:
+    lines = [f"base: {facts['base']} ({facts['base_text_tokens_in_base_file']} text tokens)"]
+    lines += [f"note: {n}" for n in facts["notes"]]
+    for key, d in facts["drift"].items():
+        if "skipped" in d:
+            lines.append(f"drift {key}: skipped ({d['skipped']})")
+            continue
+        lines.append(f"drift {key}: base rows max |diff| {d['max_abs_diff']:.3e}, "
+                     f"{d['rows_changed']} of {d['rows_compared']} rows changed")
+        if d["new_rows"]:
+            lines.append(f"new rows {key}: {d['new_rows']}, mean |value| {d['new_rows_mean_abs']:.3e}")
+    lines.append(other_line(facts["other_tensors"]))
+    lines.append(verdict_line(facts))
+    return lines
+
+
+def other_line(o: dict[str, Any]) -> str:
+    largest = (f", largest relative change {o['largest_relative_change']:.3e} ({o['largest_relative_change_key']})"
+               if o["largest_relative_change_key"] else "")
+    return (f"other tensors: {o['differ']} of {o['compared']} differ from base{largest}; "
+            f"{o['only_in_checkpoint']} only in checkpoint, {o['only_in_base']} only in base, "
+            f"{o['shape_mismatches']} shape mismatches")
+
+
+def verdict_line(facts: dict[str, Any]) -> str:
+    base = facts["base"]
+    if facts["base_rows_unchanged"]:
+        how = "bit-identical to" if facts["base_rows_same_dtype"] else "same values, other dtype than"
+        return f"base rows: unchanged ({how} {base})"
+    cfg = facts.get("config") or {}
+    freeze = cfg.get("freeze_base_vocab") if cfg.get("freeze_base_vocab_recorded") else None
+    if freeze is True:
+        cause = "the run's config says freeze_base_vocab True, so freezing did not work in the trainer that wrote it"
+    elif freeze is False:
+        cause = "the run had freeze_base_vocab False, so this is expected"
+    else:
+        cause = "this run was not trained with frozen base vocabulary rows"
+    return (f"base rows: DRIFTED (max |diff| {facts['base_rows_max_abs_diff']:.3e} in {facts['base_rows_changed']} "
+            f"rows): {cause}; the base tokens' embeddings/logits no longer match {base}, so text the base model "
+            "read well may now be read differently, and resuming keeps the drift; to keep them intact start a "
+            f"new run from {base} with freeze_base_vocab on")
+
+
+def show(value: Any) -> str:
+    """Compact value for a text line: 2e-05, 0.01, 1.234, unknown for a missing field."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+# ---------------------------------------------------------------- entry point
+
+def json_safe(value: Any) -> Any:
+    # Strict JSON has no inf/nan; a diverged run can produce them, so keep them as strings.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def inspect(path: Path, base_path: Path | None) -> dict[str, Any]:
+    ck = load_file(path, "checkpoint")
+    facts = describe(ck)
+    facts.update({"base": None, "drift": None, "base_rows_unchanged": None})
+    if base_path is not None:
+        facts.update(compare_with_base(ck, load_file(base_path, "--base")))
+    return facts
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Describe a GPT checkpoint and, with --base, whether the base "
+                                                 "vocabulary rows of its text embedding/head drifted.")
+    parser.add_argument("checkpoint", type=Path, help="trainer checkpoint (e.g. runs/x/latest.pth) or a gpt.pth")
+    parser.add_argument("--base", type=Path, help="base checkpoint the run started from (e.g. checkpoints/gpt.pth)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text lines")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        facts = inspect(args.checkpoint, args.base)
+    except UserError as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(json_safe(facts), indent=2))
+    else:
+        print("\n".join(render_text(facts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
