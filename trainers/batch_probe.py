@@ -98,38 +98,42 @@ def model_fits(model: UnifiedVoiceGPT, device: torch.device, amp_dtype: torch.dt
     The budget also leaves room for AdamW's two moments, which are allocated only at the first
     optimizer step and so are not yet part of the measured peak.
     """
-    cuda = device.type == "cuda"
     trainable_bytes = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     budget = None
-    if cuda:
+    if device.type == "cuda":
         budget = torch.cuda.mem_get_info(device)[0] * MEMORY_MARGIN - 2 * trainable_bytes
-    dim = model.cfg.model_dim
 
     def fits(n: int) -> bool:
-        peak = 0
         try:
             oom.check(n)
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
-            batch = _longest_batch(n, dim, longest_text, longest_codes, device)
-            ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
-            with ctx:
-                sums = model.loss_sums(*batch, dropout_keys=dropout_keys(0, 0, torch.arange(n, device=device)))
-            (sums["text_ce"] + sums["mel_ce"]).backward()
-            del sums, batch
-            if cuda:
-                torch.cuda.synchronize(device)
-                peak = torch.cuda.max_memory_allocated(device) - before
+            peak = _forward_backward(model, n, device, amp_dtype, longest_text, longest_codes)
             ok = budget is None or peak <= budget
         except torch.OutOfMemoryError:
-            ok = False
+            ok, peak = False, 0
         model.zero_grad(set_to_none=True)
-        release_memory(device)
+        release_memory(device)  # the failed pass's tensors went with its frame
         log.debug("micro-batch probe: %d samples %s (peak %.2f GiB)", n, "fit" if ok else "do not fit", peak / 2 ** 30)
         return ok
 
     return fits
+
+
+def _forward_backward(model: UnifiedVoiceGPT, n: int, device: torch.device, amp_dtype: torch.dtype | None,
+                      text_len: int, code_len: int) -> int:
+    """Peak bytes allocated by one training pass over n longest samples (0 on CPU: not measured)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    batch = _longest_batch(n, model.cfg.model_dim, text_len, code_len, device)
+    ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
+    with ctx:
+        sums = model.loss_sums(*batch, dropout_keys=dropout_keys(0, 0, torch.arange(n, device=device)))
+    (sums["text_ce"] + sums["mel_ce"]).backward()
+    if not cuda:
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def _longest_batch(n: int, dim: int, text_len: int, code_len: int, device: torch.device) -> tuple[torch.Tensor, ...]:

@@ -188,30 +188,14 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
 
 def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[StepMetrics, float, float]:
     """One optimizer step over the plan's micro-batches, with the loss normalised per step."""
-    cfg, model, opt = run.cfg, run.model, run.optimizer
+    cfg, opt = run.cfg, run.optimizer
     lr = run.schedule.apply(opt, run.global_step)
-    # Divide by the token count of the whole step so the gradient does not depend on the split.
-    text_total = sum(run.train_samples[i].text_len + 1 for i in plan.samples)
-    mel_total = sum(run.train_samples[i].code_len + 1 for i in plan.samples)
-    totals: dict[str, torch.Tensor] = {}
     oom = None
     try:
-        for j, expected in enumerate(plan.micro_batches):
-            batch = next(batches).to(run.device, non_blocking=True)
-            if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
-                raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
-            run.oom.check(len(expected), run.global_step + 1, j)
-            keys = dropout_keys(cfg.seed, run.global_step, batch.indices)
-            with autocast(run):
-                sums = model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
-                                       batch.code_lens, dropout_keys=keys)
-                loss = (cfg.text_loss_weight * sums["text_ce"] / text_total
-                        + cfg.mel_loss_weight * sums["mel_ce"] / mel_total)
-            run.scaler.scale(loss).backward()
-            totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}
-            kill.check("micro", run.global_step + 1, j)
+        totals = accumulate_gradients(run, plan, batches, kill)
     except torch.OutOfMemoryError as exc:
-        oom = str(exc).splitlines()[0]  # only the text: the exception pins the failed pass's tensors
+        # Keep only the text: leaving this handler drops the failed pass's frames, graph and tensors.
+        oom = str(exc).splitlines()[0]
     if oom is not None:
         raise StepOutOfMemory(oom)
     metrics = StepMetrics()
@@ -228,6 +212,29 @@ def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[Step
     run.scaler.update()
     opt.zero_grad(set_to_none=True)
     return metrics, lr, grad_norm
+
+
+def accumulate_gradients(run: Run, plan: StepPlan, batches, kill: KillPoint) -> dict[str, torch.Tensor]:
+    """Forward and backward of every micro-batch of the step; returns the summed loss terms."""
+    cfg, model = run.cfg, run.model
+    # Divide by the token count of the whole step so the gradient does not depend on the split.
+    text_total = sum(run.train_samples[i].text_len + 1 for i in plan.samples)
+    mel_total = sum(run.train_samples[i].code_len + 1 for i in plan.samples)
+    totals: dict[str, torch.Tensor] = {}
+    for j, expected in enumerate(plan.micro_batches):
+        batch = next(batches).to(run.device, non_blocking=True)
+        if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
+            raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
+        run.oom.check(len(expected), run.global_step + 1, j)
+        keys = dropout_keys(cfg.seed, run.global_step, batch.indices)
+        with autocast(run):
+            sums = model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
+                                   batch.code_lens, dropout_keys=keys)
+            loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
+        run.scaler.scale(loss).backward()
+        totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}
+        kill.check("micro", run.global_step + 1, j)
+    return totals
 
 
 def evaluate(run: Run, tlog: TrainLog) -> dict[str, float] | None:
