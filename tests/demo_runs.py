@@ -53,3 +53,13 @@ def assert_close_weights(a: Path, b: Path) -> None:
     assert sa["step"] == sb["step"]
     for key in sa["model"]:
         torch.testing.assert_close(sb["model"][key], sa["model"][key], rtol=1e-4, atol=5e-5, msg=key)
+
+
+def run_in_process(out: Path, *args: str) -> int:
+    """For invocations that stop before training (refusals, nothing to do): no process start-up.
+
+    Read what it logged with pytest's capsys (`capsys.readouterr().err`).
+    """
+    from trainers.train_gpt_v2 import main
+
+    return main(["--output-dir", str(out), *args])

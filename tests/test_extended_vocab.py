@@ -17,7 +17,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from tests.demo_runs import REPO, demo_flags, final_state, train
+from tests.demo_runs import REPO, demo_flags, final_state, run_in_process, train
 from trainers.base_weights import TEXT_ROW_KEYS, read_state_dict
 
 BASE_TOKENS = 160
@@ -137,24 +137,24 @@ def test_without_freezing_the_base_rows_drift_and_inspect_says_so(data, unfrozen
     assert "base rows: DRIFTED" in _inspect(capsys, str(out / "latest.pth"), "--base", str(data["base_checkpoint"]))
 
 
-def test_resume_with_another_tokenizer_is_refused(data, unfrozen_run):
-    refused = train(unfrozen_run, "--resume", "auto", "--tokenizer", str(data["other_tokenizer"]))
-    assert refused.returncode == 2, refused.stderr
-    assert "the tokenizer file differs from the one this run was trained with" in refused.stderr
+def test_resume_with_another_tokenizer_is_refused(data, unfrozen_run, capsys):
+    assert run_in_process(unfrozen_run, "--resume", "auto", "--tokenizer", str(data["other_tokenizer"])) == 2
+    assert "the tokenizer file differs from the one this run was trained with" in capsys.readouterr().err
     assert final_state(unfrozen_run)["step"] == 6  # refusals change nothing
 
 
-def test_checkpoint_of_another_vocabulary_size_starts_a_new_run_from_its_weights(data, tmp_path):
+def test_checkpoint_of_another_vocabulary_size_starts_a_new_run_from_its_weights(data, tmp_path, capsys):
     old = tmp_path / "old"
     assert train(old, *data["base_run"], *FLAGS, "--max-steps", "6").returncode == 0
     ext = data["extended_run"]
     new_flags = ["--tokenizer", str(data["extended_tokenizer"]), "--train-manifest", ext[ext.index("--train-manifest") + 1]]
     # Continuing in the old run's directory would replace its checkpoints: refused.
-    refused = train(old, "--resume", "auto", *new_flags)
-    assert refused.returncode == 2 and "Pass a new --output-dir" in refused.stderr
+    assert run_in_process(old, "--resume", "auto", *new_flags) == 2
+    assert "Pass a new --output-dir" in capsys.readouterr().err
     # A tokenizer that is not an extension of the run's one: refused.
-    refused = train(tmp_path / "x", "--resume", str(old / "latest.pth"), "--tokenizer", str(data["unrelated_tokenizer"]))
-    assert refused.returncode == 2 and "is not an extension of" in refused.stderr
+    x = tmp_path / "x"
+    assert run_in_process(x, "--resume", str(old / "latest.pth"), "--tokenizer", str(data["unrelated_tokenizer"])) == 2
+    assert "is not an extension of" in capsys.readouterr().err
 
     new = tmp_path / "new"
     started = train(new, "--resume", str(old / "latest.pth"), *new_flags, "--max-steps", "4")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import REPO, SCRIPT, assert_close_weights, demo_flags, final_state, train
+from tests.demo_runs import REPO, SCRIPT, assert_close_weights, demo_flags, final_state, run_in_process, train
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
 COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "6",
@@ -118,38 +118,36 @@ def test_other_micro_batch_same_effective_batch(assets, reference, tmp_path):
     assert_close_weights(reference, out)
 
 
-def test_exactness_breaking_change_is_refused(assets, reference, tmp_path):
+def test_exactness_breaking_change_is_refused(assets, reference, tmp_path, capsys):
     out = tmp_path / "run"
     assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0
-    refused = train(out, "--resume", "auto", "--seed", "7")
-    assert refused.returncode == 2
-    assert "seed" in refused.stderr and "--allow-config-change" in refused.stderr
-    refused = train(out, "--resume", "auto", "--effective-batch", "32")
-    assert refused.returncode == 2 and "effective_batch" in refused.stderr
+    assert run_in_process(out, "--resume", "auto", "--seed", "7") == 2
+    err = capsys.readouterr().err
+    assert "seed" in err and "--allow-config-change" in err
+    assert run_in_process(out, "--resume", "auto", "--effective-batch", "32") == 2
+    assert "effective_batch" in capsys.readouterr().err
     allowed = train(out, "--resume", "auto", "--seed", "7", "--allow-config-change", "--max-steps", "8")
     assert allowed.returncode == 0, allowed.stderr
     assert final_state(out)["step"] == 8
 
 
-def test_max_steps_end_saves_true_position_and_extends(assets, reference, tmp_path):
+def test_max_steps_end_saves_true_position_and_extends(assets, reference, tmp_path, capsys):
     out = tmp_path / "run"
     assert train(out, *assets, *COMMON, "--max-steps", "20", "--lr-decay-steps", str(STEPS)).returncode == 0
     state = final_state(out)
     assert (state["step"], state["epoch"], state["step_in_epoch"]) == (20, 0, 20)
-    again = train(out, "--resume", "auto")
-    assert again.returncode == 0 and "nothing to do" in again.stderr
+    assert run_in_process(out, "--resume", "auto") == 0
+    assert "nothing to do" in capsys.readouterr().err
     extended = train(out, "--resume", "auto", "--max-steps", str(STEPS))
     assert extended.returncode == 0, extended.stderr
     assert final_state(out)["step"] == STEPS
 
 
-def test_fresh_start_refuses_to_overwrite_an_existing_run(assets, tmp_path):
-    out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, "--max-steps", "2").returncode == 0
-    before = (out / "latest.pth").read_bytes()
-    again = train(out, *assets, *COMMON)
-    assert again.returncode == 2 and "--resume auto" in again.stderr
-    assert (out / "latest.pth").read_bytes() == before
+def test_fresh_start_refuses_to_overwrite_an_existing_run(assets, reference, capsys):
+    before = (reference / "latest.pth").read_bytes()
+    assert run_in_process(reference, *assets, *COMMON) == 2
+    assert "--resume auto" in capsys.readouterr().err
+    assert (reference / "latest.pth").read_bytes() == before
 
 
 def test_resume_from_an_explicit_older_checkpoint(assets, reference, tmp_path):
@@ -174,7 +172,7 @@ def test_more_epochs_continue_where_the_last_epoch_ended(assets, tmp_path):
     assert steps == list(range(1, 49))
 
 
-def test_failed_resume_check_stops_unless_forced(assets, tmp_path):
+def test_failed_resume_check_stops_unless_forced(assets, tmp_path, capsys):
     out = tmp_path / "run"
     assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0
     ckpt = final_state(out)
@@ -182,8 +180,9 @@ def test_failed_resume_check_stops_unless_forced(assets, tmp_path):
     (out / "latest.pth").unlink()
     (out / "model_step6.pth").unlink()
     torch.save(ckpt, out / "latest.pth")
-    refused = train(out, "--resume", "auto", "--max-steps", "8")
-    assert refused.returncode == 2 and "resume checks" in refused.stderr and "--force-resume" in refused.stderr
+    assert run_in_process(out, "--resume", "auto", "--max-steps", "8") == 2
+    err = capsys.readouterr().err
+    assert "resume checks" in err and "--force-resume" in err
     forced = train(out, "--resume", "auto", "--max-steps", "8", "--force-resume")
     assert forced.returncode == 0, forced.stderr
     assert final_state(out)["step"] == 8
