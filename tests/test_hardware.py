@@ -134,3 +134,23 @@ def test_cuda_rng_states_from_another_machine_are_reported_not_fatal(caplog):
 
 def test_cpu_auto_split_is_bounded():
     assert split_for(16, CPU_MICRO_BATCH, "auto").micro_batch == min(16, CPU_MICRO_BATCH)
+
+
+def test_cuda_detection_and_proposals_with_a_faked_gpu(monkeypatch):
+    # No GPU here: fake the few torch.cuda calls detection makes, to exercise the CUDA branch.
+    class Props:
+        name, major, minor = "NVIDIA L4", 8, 9
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (20 * 2 ** 30, 22 * 2 ** 30))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    hw = detect_hardware(torch.device("cuda"))
+    assert hw.is_cuda and hw.gpu.tf32 and hw.gpu.bf16 and hw.gpu_count == 1
+    assert hw.cache_key() == "cuda|NVIDIA L4|22528MiB|sm89"
+    assert "NVIDIA L4 (22.0 GiB, 20.0 GiB free, compute 8.9, bf16 yes, TF32 yes" in hw.describe()
+    assert amp_dtype(hw, amp=True) is torch.bfloat16 and amp_dtype(hw, amp=False) is None
+    workers, why = auto_workers(hw)
+    assert 1 <= workers <= 4 and "cores" in why
