@@ -24,29 +24,27 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return demo_flags(tmp_path_factory.mktemp("demo_assets"))
 
 
-@pytest.fixture(scope="module")
-def small_reference(assets, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("small") / "run"
-    result = train(out, *assets, *SMALL)
+def _trained(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Path:
+    out = tmp_path_factory.mktemp(name) / "run"
+    result = train(out, *flags)
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def small_reference(assets, tmp_path_factory) -> Path:
+    return _trained(tmp_path_factory, "small", *assets, *SMALL)
 
 
 @pytest.fixture(scope="module")
 def large_reference(assets, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("large") / "run"
-    result = train(out, *assets, *LARGE)
-    assert result.returncode == 0, result.stderr
-    return out
+    return _trained(tmp_path_factory, "large", *assets, *LARGE)
 
 
 @pytest.fixture(scope="module")
 def large_half(assets, tmp_path_factory) -> Path:
     """The first 8 of LARGE's 16 steps, to copy and resume in several ways."""
-    out = tmp_path_factory.mktemp("large_half") / "run"
-    result = train(out, *assets, *LARGE, "--max-steps", "8")
-    assert result.returncode == 0, result.stderr
-    return out
+    return _trained(tmp_path_factory, "large_half", *assets, *LARGE, "--max-steps", "8")
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
