@@ -62,26 +62,33 @@ def reference(assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
-@pytest.mark.parametrize("kill_at, resumes_from", [
-    ("step:10", "model_step6.pth"),             # mid-epoch, between checkpoints
-    ("step:24", "model_step24.pth"),            # right after the epoch boundary (epoch 0 has 24 steps)
+# Kill points in run order, each with the checkpoint the next invocation must resume from.
+KILLS = [
+    ("micro:3:1", None),                          # before the first checkpoint: restarts from the saved settings
+    ("step:10", "model_step6.pth"),               # mid-epoch, between checkpoints
+    ("micro:15:0", "model_step12.pth"),           # mid gradient accumulation
     ("save:18:tmp_written", "model_step12.pth"),  # during a checkpoint write
-    ("save:30:renamed", "model_step30.pth"),    # checkpoint complete, latest.pth not yet updated
-    ("micro:15:0", "model_step12.pth"),         # mid gradient accumulation
-    ("micro:3:1", None),                        # before the first checkpoint: restarts from the saved settings
-])
-def test_sigkill_then_resume_auto_is_bit_identical(assets, reference, tmp_path, kill_at, resumes_from):
+    ("step:24", "model_step24.pth"),              # right after the epoch boundary (epoch 0 has 24 steps)
+    ("save:30:renamed", "model_step30.pth"),      # checkpoint complete, latest.pth not yet updated
+]
+
+
+def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(assets, reference, tmp_path):
+    """One run killed at every point above in turn, each resumed run killed at the next one."""
     out = tmp_path / "run"
-    killed = train(out, *assets, *COMMON, kill_at=kill_at)
+    killed = train(out, *assets, *COMMON, kill_at=KILLS[0][0])
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    resumed = train(out, "--resume", "auto")  # the run directory alone is enough
-    assert resumed.returncode == 0, resumed.stderr
-    if resumes_from is None:
-        assert "no checkpoint yet" in resumed.stderr
-    else:
-        step = int(resumes_from.removeprefix("model_step").removesuffix(".pth"))
-        assert f"(step {step}," in resumed.stderr
-    assert " WARNING " not in resumed.stderr, "a healthy resume printed a warning"
+    next_kills = [k for k, _ in KILLS[1:]] + [None]
+    for (kill_at, resumes_from), next_kill in zip(KILLS, next_kills):
+        resumed = train(out, "--resume", "auto", kill_at=next_kill)  # the run directory alone is enough
+        where = f"resuming after the kill at {kill_at}"
+        assert resumed.returncode == (-signal.SIGKILL if next_kill else 0), f"{where}:\n{resumed.stderr}"
+        if resumes_from is None:
+            assert "no checkpoint yet" in resumed.stderr, where
+        else:
+            step = int(resumes_from.removeprefix("model_step").removesuffix(".pth"))
+            assert f"(step {step}," in resumed.stderr, where
+        assert " WARNING " not in resumed.stderr, f"{where}: a healthy resume printed a warning"
     assert_same_training(reference, out)
 
 
