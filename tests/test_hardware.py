@@ -154,3 +154,13 @@ def test_cuda_detection_and_proposals_with_a_faked_gpu(monkeypatch):
     assert amp_dtype(hw, amp=True) is torch.bfloat16 and amp_dtype(hw, amp=False) is None
     workers, why = auto_workers(hw)
     assert 1 <= workers <= 4 and "cores" in why
+
+
+def test_halving_stops_below_one():
+    from trainers.oom_recovery import OutOfMemoryStop, halved, oom_message
+
+    assert halved(8, "validation", "x") == 4 and halved(3, "step 2", "x") == 1
+    with pytest.raises(OutOfMemoryStop, match="out of memory in step 7 even with a batch of 1"):
+        halved(1, "step 7", "CUDA out of memory")
+    assert oom_message(torch.OutOfMemoryError("CUDA out of memory. Tried 2 GiB\nstats...")) == \
+        "CUDA out of memory. Tried 2 GiB"

@@ -102,7 +102,7 @@ def test_oom_at_micro_batch_1_stops_with_progress_saved(assets, tmp_path):
     flags = ["--effective-batch", "2", "--batch-size", "1", "--max-steps", "6", *FLAGS]
     stopped = train(out, *assets, *flags, env={"INDEXTTS_TRAIN_OOM_AT": "3:0"})
     assert stopped.returncode == 5, stopped.stderr
-    assert "even with a micro-batch of 1" in stopped.stderr
+    assert "out of memory in step 3 even with a batch of 1" in stopped.stderr
     assert final_state(out)["step"] == 2  # the last step boundary
     resumed = train(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr

@@ -7,7 +7,6 @@ so a resume on the same machine starts at once and a resume on another machine p
 """
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ import torch
 from trainers.faults import OomInjector
 from trainers.features import CONDITION_LEN
 from trainers.gpt_model import UnifiedVoiceGPT, dropout_keys
+from trainers.oom_recovery import release_memory
 
 log = logging.getLogger("train")
 
@@ -146,10 +146,3 @@ def _longest_batch(n: int, dim: int, text_len: int, code_len: int, device: torch
         torch.zeros(n, code_len, dtype=torch.long, device=device),
         torch.full((n,), code_len, dtype=torch.long, device=device),
     )
-
-
-def release_memory(device: torch.device) -> None:
-    """Return what a failed or finished pass held, so the next try starts from the same state."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()

@@ -36,6 +36,7 @@ from trainers.run_config import CommandLine, TrainConfig, UserError, compare, re
 from trainers.train_state import (
     CHECKPOINT_FORMAT, dict_sha256, file_sha256, library_versions, restore_rng_state,
 )
+from trainers.vocabulary import check_extends, checkpoint_text_tokens, tokenizer_size
 
 log = logging.getLogger("train")
 
@@ -98,8 +99,8 @@ def setup_run(cmd: CommandLine) -> Run:
     cfg, model_yaml = _with_demo_assets(cfg, run_dir)
     model_yaml = _read_model_yaml(cfg.config) if model_yaml is None else model_yaml
 
-    vocab_size = _tokenizer_size(cfg.tokenizer)
-    if ckpt and _checkpoint_text_tokens(ckpt) != vocab_size:
+    vocab_size = tokenizer_size(cfg.tokenizer)
+    if ckpt and checkpoint_text_tokens(ckpt) != vocab_size:
         cfg = _weights_only_start(cmd, cfg, ckpt, checkpoint_path, vocab_size)
         ckpt = checkpoint_path = None
     gpt_cfg = _gpt_config(model_yaml, cfg, vocab_size)
@@ -232,12 +233,6 @@ def _load_resume_checkpoint(path: Path) -> dict[str, Any]:
     return ckpt
 
 
-def _checkpoint_text_tokens(ckpt: dict[str, Any]) -> int:
-    if "text_tokens" in ckpt.get("vocab", {}):
-        return int(ckpt["vocab"]["text_tokens"])
-    return int(ckpt["model"]["text_embedding.weight"].shape[0]) - 1
-
-
 def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, ckpt: dict[str, Any], path: Path,
                         vocab_size: int) -> TrainConfig:
     """A checkpoint of another vocabulary size starts a new run from its weights, at step 0.
@@ -245,7 +240,7 @@ def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, ckpt: dict[str, Any]
     Its optimizer moments, schedule and data position belong to a different set of trained
     rows and a different run, so they are dropped rather than half-reused.
     """
-    old = _checkpoint_text_tokens(ckpt)
+    old = checkpoint_text_tokens(ckpt)
     run_dir = Path(cfg.output_dir)
     found = CheckpointManager(run_dir, keep=0).find_resume() if run_dir.is_dir() else None
     if found is not None:
@@ -253,7 +248,7 @@ def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, ckpt: dict[str, Any]
             f"the tokenizer has {vocab_size} pieces but {path} was trained with {old} text tokens, so training starts "
             f"over at step 0 from its weights; {run_dir} already holds a run ({found.name}) that this would "
             "overwrite. Pass a new --output-dir (nothing was changed)")
-    _check_extends(ckpt["config"].get("tokenizer"), cfg.tokenizer, path)
+    check_extends(ckpt["config"].get("tokenizer"), cfg.tokenizer, path)
     log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens: starting a NEW run at step 0 "
                 "from its model weights only (fresh optimizer, learning-rate schedule and loss scaler; data order from "
                 "the start). If you meant to continue that run, pass the tokenizer it was trained with", vocab_size,
@@ -263,23 +258,6 @@ def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, ckpt: dict[str, Any]
         if key not in cmd.given:
             values[key] = TrainConfig.__dataclass_fields__[key].default
     return TrainConfig.from_dict(values)
-
-
-def _check_extends(old_path: str | None, new_path: str, checkpoint: Path) -> None:
-    """A larger tokenizer must keep every piece of the one the checkpoint was trained with, at its id."""
-    import sentencepiece as spm
-
-    if not old_path or not Path(old_path).is_file():
-        log.info("the tokenizer %s was trained with is not available, so it cannot be checked that %s extends it",
-                 checkpoint, new_path)
-        return
-    old, new = (spm.SentencePieceProcessor(model_file=p) for p in (old_path, new_path))
-    for i in range(min(old.get_piece_size(), new.get_piece_size())):
-        if old.id_to_piece(i) != new.id_to_piece(i):
-            raise UserError(
-                f"--tokenizer {new_path} is not an extension of {old_path}, which {checkpoint} was trained with: id {i} "
-                f"is {new.id_to_piece(i)!r} there but {old.id_to_piece(i)!r} in the original. Extend the original with "
-                "tools/tokenizer/extend_bpe.py so existing ids keep their meaning")
 
 
 def _with_demo_assets(cfg: TrainConfig, run_dir: Path) -> tuple[TrainConfig, dict[str, Any] | None]:
@@ -313,17 +291,6 @@ def _read_model_yaml(path: str) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
         raise UserError(f"--config {path}: no 'gpt' section; pass the IndexTTS2 config.yaml")
     return data
-
-
-def _tokenizer_size(path: str | None) -> int:
-    import sentencepiece as spm
-
-    if not path or not Path(path).is_file():
-        raise UserError(f"--tokenizer {path}: file not found")
-    try:
-        return spm.SentencePieceProcessor(model_file=path).get_piece_size()
-    except Exception as exc:
-        raise UserError(f"--tokenizer {path}: not a SentencePiece model ({exc})") from None
 
 
 def _gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, vocab_size: int) -> GPTConfig:

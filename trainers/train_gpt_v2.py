@@ -30,12 +30,12 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from trainers.batch_probe import release_memory  # noqa: E402
 from trainers.data_order import MicroBatchSampler, Position, StepPlan  # noqa: E402
 from trainers.faults import KillPoint  # noqa: E402
 from trainers.features import FeatureError, collate_batch  # noqa: E402
 from trainers.gpt_model import dropout_keys  # noqa: E402
 from trainers.hardware import split_for  # noqa: E402
+from trainers.oom_recovery import OutOfMemoryStop, StepOutOfMemory, halved, oom_message, release_memory  # noqa: E402
 from trainers.run_config import UserError, parse_command_line  # noqa: E402
 from trainers.run_setup import Run, setup_run  # noqa: E402
 from trainers.stop_signals import StopRequest, ignore_stop_signals  # noqa: E402
@@ -106,7 +106,7 @@ def train(run: Run) -> int:
         # Outside forward/backward (the optimizer step): the weights may be partly updated, so save nothing.
         log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
                   "step; the last checkpoint is intact. Free GPU memory and continue with --resume auto --output-dir "
-                  "%s", run.global_step + 1, str(exc).splitlines()[0], run.run_dir)
+                  "%s", run.global_step + 1, oom_message(exc), run.run_dir)
         return EXIT_OUT_OF_MEMORY
     finally:
         bar.close()
@@ -173,9 +173,8 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     run.optimizer.zero_grad(set_to_none=True)  # partial gradients of the abandoned attempt
     release_memory(run.device)
     old = run.split
-    if old.micro_batch == 1:
-        raise OutOfMemoryStop(f"out of memory at step {run.global_step + 1} even with a micro-batch of 1 ({error})")
-    run.split = split_for(run.cfg.effective_batch, old.micro_batch // 2, "halved after running out of memory")
+    micro = halved(old.micro_batch, f"step {run.global_step + 1}", error)
+    run.split = split_for(run.cfg.effective_batch, micro, "halved after running out of memory")
     log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
                 "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
                 "start there next time", run.global_step + 1, old.micro_batch, error, run.split.micro_batch,
@@ -195,7 +194,7 @@ def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[Step
         totals = accumulate_gradients(run, plan, batches, kill)
     except torch.OutOfMemoryError as exc:
         # Keep only the text: leaving this handler drops the failed pass's frames, graph and tensors.
-        oom = str(exc).splitlines()[0]
+        oom = oom_message(exc)
     if oom is not None:
         raise StepOutOfMemory(oom)
     metrics = StepMetrics()
@@ -250,9 +249,7 @@ def evaluate(run: Run, tlog: TrainLog) -> dict[str, float] | None:
         if error is None:
             return tlog.validation(run.global_step, metrics)
         release_memory(run.device)
-        if run.val_batch == 1:
-            raise OutOfMemoryStop(f"out of memory in validation even with a batch of 1 ({error})")
-        run.val_batch //= 2
+        run.val_batch = halved(run.val_batch, "validation", error)
         log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
                     "start there", error, run.val_batch, run.val_batch)
         tlog.scalar("hardware/val_batch", run.val_batch, run.global_step)
@@ -273,7 +270,7 @@ def validation_pass(run: Run, count: int) -> tuple[StepMetrics, str | None]:
                                            batch.codes, batch.code_lens)
             metrics.add(sums, len(batch.ids))
     except torch.OutOfMemoryError as exc:
-        return metrics, str(exc).splitlines()[0]
+        return metrics, oom_message(exc)
     return metrics, None
 
 
@@ -345,14 +342,6 @@ def save_progress(run: Run, tlog: TrainLog, first_step: int) -> None:
 
 class CheckpointWriteError(RuntimeError):
     """Saving failed (disk full, permissions); training stops rather than run on unsaved."""
-
-
-class StepOutOfMemory(RuntimeError):
-    """Forward/backward of a micro-batch ran out of memory; the step can be redone with smaller pieces."""
-
-
-class OutOfMemoryStop(RuntimeError):
-    """Out of memory at batch size 1: nothing smaller to try."""
 
 
 if __name__ == "__main__":
