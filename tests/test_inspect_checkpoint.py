@@ -218,3 +218,14 @@ def test_runs_as_a_script_from_another_directory(files, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "base rows: unchanged" in done.stdout
+
+
+def test_split_the_checkpoint_was_written_with(tmp_path, capsys):
+    ckpt = trainer_ckpt(trained_model(), batch_size=0, grad_accumulation=0)
+    ckpt.update(micro_batch=4, hardware="cuda|NVIDIA L4|22528MiB|sm89")
+    path = tmp_path / "auto.pth"
+    torch.save(ckpt, path)
+    code, lines, _ = run(capsys, path)
+    assert code == 0
+    assert line(lines, "config:").startswith(
+        "config: effective batch 32 (written at micro-batch 4 x 8 on cuda|NVIDIA L4|22528MiB|sm89; requested auto x auto)")

@@ -132,6 +132,8 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         "tensors": len(ck.state),
         "parameters": sum(t.numel() for t in ck.state.values()),
         "amp_dtype": meta.get("amp_dtype"),
+        "micro_batch": meta.get("micro_batch"),
+        "hardware": meta.get("hardware"),
         "last_validation": last_validation(meta.get("metrics") or []),
         "versions": meta.get("versions"),
     }
@@ -256,7 +258,9 @@ def other_tensor_changes(ck: dict[str, torch.Tensor], base: dict[str, torch.Tens
             continue  # same values stored in another dtype
         differ += 1
         base_norm = float(torch.linalg.vector_norm(b64))
-        rel = diff_norm / base_norm if base_norm > 0 else math.inf
+        if base_norm == 0.0:
+            continue  # e.g. a bias that started at zero: any change is "infinitely" relative
+        rel = diff_norm / base_norm
         if largest_key is None or rel > largest:
             largest, largest_key = rel, key
     return {
@@ -304,14 +308,24 @@ def file_line(facts: dict[str, Any]) -> str:
     return f"file: {facts['file']} ({kind})"
 
 
+def split_text(cfg: dict[str, Any], facts: dict[str, Any]) -> str:
+    """How the effective batch was split: as written (newer files) and as requested (0 = auto)."""
+    requested = " x ".join("auto" if not v else str(v) for v in (cfg["batch_size"], cfg["grad_accumulation"]))
+    micro, effective = facts.get("micro_batch"), cfg["effective_batch"]
+    if not micro or not effective:
+        return f"micro-batch {requested}"
+    where = f" on {facts['hardware']}" if facts.get("hardware") else ""
+    return f"written at micro-batch {micro} x {math.ceil(effective / micro)}{where}; requested {requested}"
+
+
 def trainer_lines(facts: dict[str, Any]) -> list[str]:
     lines = [f"step: {show(facts['step'])} (epoch {show(facts['epoch'])}, step {show(facts['step_in_epoch'])} "
              f"of that epoch; {show(facts['samples_seen'])} samples seen)"]
     cfg = facts["config"]
     if cfg is not None:
         freeze = show(cfg["freeze_base_vocab"]) if cfg["freeze_base_vocab_recorded"] else "unknown (not recorded)"
-        lines.append(f"config: effective batch {show(cfg['effective_batch'])} (micro-batch "
-                     f"{show(cfg['batch_size'])} x {show(cfg['grad_accumulation'])}), lr {show(cfg['learning_rate'])}, "
+        lines.append(f"config: effective batch {show(cfg['effective_batch'])} ({split_text(cfg, facts)}), "
+                     f"lr {show(cfg['learning_rate'])}, "
                      f"weight decay {show(cfg['weight_decay'])}, seed {show(cfg['seed'])}, freeze_base_vocab {freeze}")
         lines.append(f"length: epochs {show(cfg['epochs'])}, max_steps {show(cfg['max_steps'])}; "
                      f"amp {show(cfg['amp'])} ({show(facts['amp_dtype'])})")
