@@ -78,6 +78,14 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
+def make_deterministic() -> None:
+    # Needed for bit-identical CUDA runs: cuBLAS workspaces and atomics otherwise vary run to run.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # warn_only: an op without a deterministic kernel warns (naming itself) instead of aborting a run.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
 def detect_hardware(device: torch.device) -> Hardware:
     gpu = None
     if device.type == "cuda":

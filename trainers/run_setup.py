@@ -27,8 +27,8 @@ from trainers.features import FeatureDataset, FeatureSpec
 from trainers.frozen_rows import FrozenTextRows
 from trainers.gpt_model import GPTConfig, UnifiedVoiceGPT, split_state_dict
 from trainers.hardware import (
-    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, detect_hardware, pick_device,
-    split_for,
+    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, detect_hardware,
+    make_deterministic, pick_device, split_for,
 )
 from trainers.lr_schedule import WarmupCosine
 from trainers.manifest import DataLimits, ManifestError, Sample, load_manifests, manifests_fingerprint, parse_manifest_spec
@@ -122,11 +122,13 @@ def setup_run(cmd: CommandLine) -> Run:
         "tokenizer": file_sha256(Path(cfg.tokenizer)),
         "model_config": dict_sha256({k: v for k, v in gpt_cfg.to_dict().items() if k != "dropout"}),
     }
+    if ckpt:
+        _refuse_breaking_changes(cfg, fingerprints, ckpt, cmd, checkpoint_path)
     device = pick_device(cfg.device)
     hardware = detect_hardware(device)
     amp = amp_dtype(hardware, cfg.amp)
     if cfg.deterministic:
-        _make_deterministic(device)
+        make_deterministic()
 
     model = UnifiedVoiceGPT(gpt_cfg, gradient_checkpointing=cfg.grad_checkpointing)
     if ckpt:
@@ -340,17 +342,6 @@ def _planned_steps(cfg: TrainConfig, order: DataOrder) -> int:
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
-# --- hardware ---------------------------------------------------------------------------------
-
-
-def _make_deterministic(device: torch.device) -> None:
-    # Needed for bit-identical CUDA runs: cuBLAS workspaces and atomics otherwise vary run to run.
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # warn_only: an op without a deterministic kernel warns (naming itself) instead of aborting a run.
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-
-
 # --- model and optimizer ----------------------------------------------------------------------
 
 
@@ -384,9 +375,14 @@ def _load_model_from_checkpoint(model: UnifiedVoiceGPT, ckpt: dict[str, Any], pa
     return {**carried, **extra}, int(ckpt.get("vocab", {}).get("base_text_tokens", model.cfg.number_text_tokens))
 
 
-def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, path: Path) -> None:
+def _refuse_breaking_changes(cfg: TrainConfig, fingerprints: dict[str, str], ckpt: dict[str, Any], cmd: CommandLine,
+                             path: Path) -> None:
+    """Log every difference from the saved run; stop on those that would change the result.
+
+    Runs before the model is built, so a wrong flag costs seconds and touches nothing.
+    """
     saved_cfg = TrainConfig.from_dict(ckpt["config"])
-    changes = compare(saved_cfg, run.cfg, ckpt.get("fingerprints", {}), run.fingerprints)
+    changes = compare(saved_cfg, cfg, ckpt.get("fingerprints", {}), fingerprints)
     for change in changes:
         log.info("setting differs from the saved run: %s", change.describe())
     breaking = [c for c in changes if c.breaks_exactness]
@@ -404,6 +400,9 @@ def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, pa
                 "change only --batch-size or --grad-accumulation to fit other hardware, the other one is derived")
         lines.append("restore the original flags/files, or pass --allow-config-change to continue anyway")
         raise UserError("\n".join(lines))
+
+
+def _restore_training_state(run: Run, ckpt: dict[str, Any], cmd: CommandLine, path: Path) -> None:
     problems = _state_problems(run, ckpt)
     if problems and not cmd.force_resume:
         raise UserError("\n".join([f"{path} fails the resume checks:", *[f"  {p}" for p in problems],
