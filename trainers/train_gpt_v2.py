@@ -90,17 +90,12 @@ def train(run: Run) -> int:
         log.error("%s", exc)
         return EXIT_SAVE_FAILED
     except FeatureError as exc:
-        # Weights and optimizer are still at the last step boundary: keep that progress.
-        log.error("%s", exc)
-        save_progress(run, tlog, first_step)
-        log.error("fix or drop that sample, then continue with --resume auto --output-dir %s "
-                  "(add --allow-config-change if you edited the training manifest)", run.run_dir)
+        stop_keeping_progress(run, tlog, first_step, exc, "fix or drop that sample")
+        log.error("(add --allow-config-change to the resume if you edited the training manifest)")
         return EXIT_USAGE
     except OutOfMemoryStop as exc:
-        log.error("%s", exc)
-        save_progress(run, tlog, first_step)
-        log.error("free GPU memory (other processes), use --grad-checkpointing, or drop the longest samples, then "
-                  "continue with --resume auto --output-dir %s", run.run_dir)
+        stop_keeping_progress(run, tlog, first_step, exc, "free GPU memory (other processes), use "
+                              "--grad-checkpointing, or drop the longest samples")
         return EXIT_OUT_OF_MEMORY
     except torch.OutOfMemoryError as exc:
         # Outside forward/backward (the optimizer step): the weights may be partly updated, so save nothing.
@@ -333,11 +328,14 @@ def save(run: Run, tlog: TrainLog) -> Path:
     return path
 
 
-def save_progress(run: Run, tlog: TrainLog, first_step: int) -> None:
-    """Before stopping on an error: the model is at a step boundary, keep any steps since the last save."""
+def stop_keeping_progress(run: Run, tlog: TrainLog, first_step: int, error: Exception, advice: str) -> None:
+    """Stopping on an error between steps: the weights and optimizer are still at the last step
+    boundary, so the steps since the last save are kept."""
+    log.error("%s", error)
     run.optimizer.zero_grad(set_to_none=True)
     if run.global_step > first_step:
         save(run, tlog)
+    log.error("%s, then continue with --resume auto --output-dir %s", advice, run.run_dir)
 
 
 class CheckpointWriteError(RuntimeError):
