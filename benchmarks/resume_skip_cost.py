@@ -49,9 +49,9 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from trainers.demo_base import ensure_demo_base  # noqa: E402
-from trainers.demo_data import DemoAssets, DemoCorpusSpec, ensure_demo_assets  # noqa: E402
-from trainers.gpt_model import GPTConfig  # noqa: E402
+from trainers.model.demo_base import ensure_demo_base  # noqa: E402
+from trainers.data.demo_data import DemoAssets, DemoCorpusSpec, ensure_demo_assets  # noqa: E402
+from trainers.model.gpt_model import GPTConfig  # noqa: E402
 
 TRAINER = REPO_ROOT / "trainers" / "train_gpt_v2.py"
 DEMO_YAML = REPO_ROOT / "checkpoints" / "demo.yaml"
@@ -118,7 +118,7 @@ def write_big_manifest(demo_train: Path, out: Path, lines: int) -> None:
 def trainer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("INDEXTTS_TRAIN_KILL_AT", None)  # trainers.faults: never inject a kill here
+    env.pop("INDEXTTS_TRAIN_KILL_AT", None)  # trainers.training.faults: never inject a kill here
     return env
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainers.gpt_model import GPTConfig
+from trainers.model.gpt_model import GPTConfig
 
 # A tiny config whose special mel ids sit at the top of the mel vocabulary, as in the official one.
 TINY_GPT = GPTConfig(

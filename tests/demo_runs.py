@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from trainers.demo_base import ensure_demo_base
-from trainers.demo_data import DemoCorpusSpec, ensure_demo_assets
-from trainers.gpt_model import GPTConfig
+from trainers.model.demo_base import ensure_demo_base
+from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.model.gpt_model import GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "trainers" / "train_gpt_v2.py"

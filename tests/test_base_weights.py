@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.base_weights import BaseWeights, load_base_weights, read_state_dict, resize_text_rows
+from trainers.model.weights import BaseWeights, load_base_weights, read_state_dict, resize_text_rows
 from tests.conftest import TINY_GPT
-from trainers.gpt_model import GPTConfig, UnifiedVoiceGPT
-from trainers.run_config import UserError
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+from trainers.config.settings import UserError
 
 CFG = TINY_GPT
 NT = CFG.number_text_tokens

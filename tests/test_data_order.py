@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainers.data_order import DataOrder, MicroBatchSampler, Position, epoch_order, steps_per_epoch
+from trainers.data.data_order import DataOrder, MicroBatchSampler, Position, epoch_order, steps_per_epoch
 
 
 def test_epoch_order_is_a_pure_permutation_that_changes_per_epoch():

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-import trainers.demo_data as demo_data
-from trainers.demo_data import DemoAssets, DemoCorpusSpec, ensure_demo_assets, spec_fingerprint
+import trainers.data.demo_data as demo_data
+from trainers.data.demo_data import DemoAssets, DemoCorpusSpec, ensure_demo_assets, spec_fingerprint
 
 SPEC = DemoCorpusSpec()
 
@@ -56,7 +56,7 @@ def test_generation_is_byte_identical(assets: DemoAssets, tmp_path: Path) -> Non
 def test_generation_is_identical_across_processes(assets: DemoAssets, tmp_path: Path) -> None:
     # A fresh interpreter (different hash seed) must produce the same bytes.
     root = tmp_path / "subprocess"
-    code = "import sys; from pathlib import Path; from trainers.demo_data import ensure_demo_assets; "
+    code = "import sys; from pathlib import Path; from trainers.data.demo_data import ensure_demo_assets; "
     code += "ensure_demo_assets(Path(sys.argv[1]))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     repo = Path(__file__).resolve().parents[1]

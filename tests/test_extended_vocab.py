@@ -18,7 +18,7 @@ import sentencepiece as spm
 import torch
 
 from tests.demo_runs import REPO, demo_flags, final_state, run_in_process, train
-from trainers.base_weights import TEXT_ROW_KEYS, read_state_dict
+from trainers.model.weights import TEXT_ROW_KEYS, read_state_dict
 
 BASE_TOKENS = 160
 EXTENDED = 200

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from trainers.features import (
+from trainers.data.features import (
     Batch,
     FeatureDataset,
     FeatureError,
@@ -14,7 +14,7 @@ from trainers.features import (
     collate_batch,
     trailing_run_length,
 )
-from trainers.manifest import Sample
+from trainers.data.manifest import Sample
 
 DIM = 8
 SPEC = FeatureSpec(model_dim=DIM, number_text_tokens=100, max_code=50)
@@ -158,11 +158,11 @@ def test_trailing_run_warns_once_per_sample(tmp_path, caplog):
     padded = make_sample(tmp_path, index=0, codes=codes)
     clean = make_sample(tmp_path, index=1, codes=np.concatenate([np.arange(5), np.full(15, 7)]).astype(np.int32))
     dataset = FeatureDataset([padded, clean], SPEC)
-    with caplog.at_level(logging.WARNING, logger="trainers.features"):
+    with caplog.at_level(logging.WARNING, logger="trainers.data.features"):
         for _ in range(3):
             dataset[0]
             dataset[1]
-    records = [r.getMessage() for r in caplog.records if r.name == "trainers.features"]
+    records = [r.getMessage() for r in caplog.records if r.name == "trainers.data.features"]
     assert len(records) == 1
     assert padded.codes_path in records[0] and "20 identical" in records[0] and "padding" in records[0]
 

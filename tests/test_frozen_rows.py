@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT
-from trainers.base_weights import TEXT_ROW_KEYS, resize_text_rows
-from trainers.frozen_rows import FrozenTextRows
-from trainers.gpt_model import UnifiedVoiceGPT
+from trainers.model.weights import TEXT_ROW_KEYS, resize_text_rows
+from trainers.model.frozen_rows import FrozenTextRows
+from trainers.model.gpt_model import UnifiedVoiceGPT
 
 BASE = TINY_GPT.number_text_tokens  # 20
 EXTENDED = BASE + 6

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from trainers import gpt_model
+from trainers.model import gpt_model
 from tests.conftest import TINY_GPT
-from trainers.gpt_model import (
+from trainers.model.gpt_model import (
     PREFIX_LEN,
     GPTConfig,
     SampleDropout,

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT
-from trainers.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
-from trainers.faults import OomInjector
-from trainers.gpt_model import UnifiedVoiceGPT
-from trainers.hardware import (
+from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
+from trainers.training.faults import OomInjector
+from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.hardware.detect import (
     CPU_MICRO_BATCH, amp_dtype, auto_workers, choose_split, detect_hardware, pick_device, split_for,
 )
-from trainers.run_config import CommandLine, UserError, resolve
-from trainers.train_state import capture_rng_state, restore_rng_state
+from trainers.config.settings import CommandLine, UserError, resolve
+from trainers.training.rng import capture_rng_state, restore_rng_state
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -157,7 +157,7 @@ def test_cuda_detection_and_proposals_with_a_faked_gpu(monkeypatch):
 
 
 def test_halving_stops_below_one():
-    from trainers.oom_recovery import OutOfMemoryStop, halved, oom_message
+    from trainers.hardware.oom_recovery import OutOfMemoryStop, halved, oom_message
 
     assert halved(8, "validation", "x") == 4 and halved(3, "step 2", "x") == 1
     with pytest.raises(OutOfMemoryStop, match="out of memory in step 7 even with a batch of 1"):

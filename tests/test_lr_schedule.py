@@ -1,4 +1,4 @@
-from trainers.lr_schedule import WarmupCosine
+from trainers.training.lr_schedule import WarmupCosine
 
 
 def test_warmup_then_cosine_to_the_floor():

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainers.manifest import (
+from trainers.data.manifest import (
     DataLimits,
     ManifestError,
     ManifestSpec,
@@ -158,10 +158,10 @@ def test_lang_suffix_overrides_line_language_and_indices_span_files(tmp_path):
 def test_duplicate_ids_warn_once_with_count(tmp_path, caplog):
     rel = make_features(tmp_path, "a")
     manifest = write_manifest(tmp_path / "m.jsonl", [single_line(rel)] * 3 + [single_line(rel, id="x")])
-    with caplog.at_level(logging.WARNING, logger="trainers.manifest"):
+    with caplog.at_level(logging.WARNING, logger="trainers.data.manifest"):
         samples = load_manifests([ManifestSpec(manifest, None)], LIMITS)
     assert len(samples) == 4
-    warnings = [r for r in caplog.records if r.name == "trainers.manifest"]
+    warnings = [r for r in caplog.records if r.name == "trainers.data.manifest"]
     assert len(warnings) == 1
     assert "2 samples" in warnings[0].getMessage()
 

@@ -26,8 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
     sys.path.insert(0, str(REPO_ROOT))
 
-from trainers.base_weights import TEXT_ROW_KEYS  # noqa: E402
-from trainers.run_config import UserError  # noqa: E402
+from trainers.model.weights import TEXT_ROW_KEYS  # noqa: E402
+from trainers.config.settings import UserError  # noqa: E402
 
 TRAINER_FORMAT_PREFIX = "indextts2-gpt-trainer/"
 # Rows per float64 chunk: bounds memory (about 40 MB at width 1280) while staying vectorised.

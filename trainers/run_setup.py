@@ -16,27 +16,27 @@ from typing import Any
 import torch
 import yaml
 
-from trainers.base_weights import load_base_weights
-from trainers.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
-from trainers.checkpoint_io import CheckpointError, CheckpointManager, load_checkpoint
-from trainers.data_order import DataOrder, Position
-from trainers.demo_base import ensure_demo_base
-from trainers.demo_data import DemoCorpusSpec, ensure_demo_assets
-from trainers.faults import OomInjector
-from trainers.features import FeatureDataset, FeatureSpec
-from trainers.frozen_rows import FrozenTextRows
-from trainers.gpt_model import GPTConfig, UnifiedVoiceGPT, split_state_dict
-from trainers.hardware import (
+from trainers.model.weights import load_base_weights
+from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
+from trainers.checkpoint.files import CheckpointError, CheckpointManager, load_checkpoint
+from trainers.data.data_order import DataOrder, Position
+from trainers.model.demo_base import ensure_demo_base
+from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.training.faults import OomInjector
+from trainers.data.features import FeatureDataset, FeatureSpec
+from trainers.model.frozen_rows import FrozenTextRows
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT, split_state_dict
+from trainers.hardware.detect import (
     CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, detect_hardware,
     make_deterministic, pick_device, split_for,
 )
-from trainers.lr_schedule import WarmupCosine
-from trainers.manifest import DataLimits, ManifestError, Sample, load_manifests, manifests_fingerprint, parse_manifest_spec
-from trainers.run_config import CommandLine, TrainConfig, UserError, compare, resolve, save_run_config
-from trainers.train_state import (
+from trainers.training.lr_schedule import WarmupCosine
+from trainers.data.manifest import DataLimits, ManifestError, Sample, load_manifests, manifests_fingerprint, parse_manifest_spec
+from trainers.config.settings import CommandLine, TrainConfig, UserError, compare, resolve, save_run_config
+from trainers.training.rng import (
     CHECKPOINT_FORMAT, dict_sha256, file_sha256, library_versions, restore_rng_state,
 )
-from trainers.vocabulary import check_extends, checkpoint_text_tokens, tokenizer_size
+from trainers.model.vocabulary import check_extends, checkpoint_text_tokens, tokenizer_size
 
 log = logging.getLogger("train")
 

@@ -30,17 +30,17 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from trainers.data_order import MicroBatchSampler, Position, StepPlan  # noqa: E402
-from trainers.faults import KillPoint  # noqa: E402
-from trainers.features import FeatureError, collate_batch  # noqa: E402
-from trainers.gpt_model import dropout_keys  # noqa: E402
-from trainers.hardware import split_for  # noqa: E402
-from trainers.oom_recovery import OutOfMemoryStop, StepOutOfMemory, halved, oom_message, release_memory  # noqa: E402
-from trainers.run_config import UserError, parse_command_line  # noqa: E402
+from trainers.data.data_order import MicroBatchSampler, Position, StepPlan  # noqa: E402
+from trainers.training.faults import KillPoint  # noqa: E402
+from trainers.data.features import FeatureError, collate_batch  # noqa: E402
+from trainers.model.gpt_model import dropout_keys  # noqa: E402
+from trainers.hardware.detect import split_for  # noqa: E402
+from trainers.hardware.oom_recovery import OutOfMemoryStop, StepOutOfMemory, halved, oom_message, release_memory  # noqa: E402
+from trainers.config.settings import UserError, parse_command_line  # noqa: E402
 from trainers.run_setup import Run, setup_run  # noqa: E402
-from trainers.stop_signals import StopRequest, ignore_stop_signals  # noqa: E402
-from trainers.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
-from trainers.train_state import CHECKPOINT_FORMAT, capture_rng_state, library_versions  # noqa: E402
+from trainers.training.stop_signals import StopRequest, ignore_stop_signals  # noqa: E402
+from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
+from trainers.training.rng import CHECKPOINT_FORMAT, capture_rng_state, library_versions  # noqa: E402
 
 log = logging.getLogger("train")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from trainers.run_config import UserError
+from trainers.config.settings import UserError
 
 log = logging.getLogger("train")
 

@@ -3,7 +3,7 @@
 Every problem in every given manifest is collected and reported in one
 ManifestError, so a data set can be fixed in one pass instead of one crash
 per run. Feature files are only checked for existence here; their contents
-are checked lazily by trainers.features when a sample is loaded.
+are checked lazily by trainers.data.features when a sample is loaded.
 """
 
 from __future__ import annotations

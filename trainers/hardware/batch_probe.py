@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 
-from trainers.faults import OomInjector
-from trainers.features import CONDITION_LEN
-from trainers.gpt_model import UnifiedVoiceGPT, dropout_keys
-from trainers.oom_recovery import release_memory
+from trainers.training.faults import OomInjector
+from trainers.data.features import CONDITION_LEN
+from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
+from trainers.hardware.oom_recovery import release_memory
 
 log = logging.getLogger("train")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.gpt_model import UnifiedVoiceGPT
+from trainers.model.gpt_model import UnifiedVoiceGPT
 
 
 @dataclass

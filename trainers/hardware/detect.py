@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.run_config import UserError
+from trainers.config.settings import UserError
 
 log = logging.getLogger("train")
 

@@ -1,6 +1,6 @@
 """Load one sample's precomputed .npy features and pad micro-batches.
 
-Manifest validation (trainers.manifest) only proves the files exist; the
+Manifest validation (trainers.data.manifest) only proves the files exist; the
 contents are checked here, when a sample is first read, and every failure
 names the manifest line so the user knows which sample to fix.
 """
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainers.manifest import Sample
+from trainers.data.manifest import Sample
 
 logger = logging.getLogger(__name__)
 

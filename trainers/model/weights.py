@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainers.gpt_model import split_state_dict
-from trainers.run_config import UserError
+from trainers.model.gpt_model import split_state_dict
+from trainers.config.settings import UserError
 
 log = logging.getLogger(__name__)
 
