@@ -11,8 +11,9 @@ What it does:
 2. Runs the trainer fresh for one optimizer step on that manifest, which writes a real
    checkpoint (model, optimizer, RNG state, configuration, fingerprints of the big manifest).
 3. Makes two run directories from that checkpoint by editing ONLY its position fields
-   ("epoch", "step_in_epoch", "step", "samples_in_epoch", "samples_seen", and the saved
-   max_steps so that the resume runs exactly one more step):
+   (through the checkpoint schema: data.epoch, data.step_in_epoch, data.samples_in_epoch,
+   progress.step, progress.samples_seen, and the saved max_steps so that the resume runs
+   exactly one more step):
      A  epoch 1, step 0 of the epoch             (resume at sample 0)
      B  epoch 1, step 75% of the epoch's steps    (resume deep into the epoch)
    Both sit in epoch 1 so both start with a non-zero global step (no step-0 validation) and
@@ -49,6 +50,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
+from trainers.checkpoint import schema  # noqa: E402
 from trainers.model.demo_base import ensure_demo_base  # noqa: E402
 from trainers.data.demo_data import DemoAssets, DemoCorpusSpec, ensure_demo_assets  # noqa: E402
 from trainers.model.gpt_model import GPTConfig  # noqa: E402
@@ -133,18 +135,16 @@ def run_fresh(run_dir: Path, common: list[str]) -> None:
 def make_positioned_copy(src: Path, dst: Path, epoch: int, step_in_epoch: int, spe: int, lines: int) -> int:
     """Copy run dir src to dst with its checkpoint moved to (epoch, step_in_epoch); returns the global step."""
     shutil.copytree(src, dst)
-    ckpt = torch.load(dst / "latest.pth", map_location="cpu", weights_only=True)
+    ckpt = schema.read(dst / "latest.pth")
     for old in [*dst.glob("model_step*.pth"), dst / "latest.pth"]:
         old.unlink()
     step = epoch * spe + step_in_epoch
-    ckpt["epoch"] = epoch
-    ckpt["step_in_epoch"] = step_in_epoch
-    ckpt["step"] = step
-    ckpt["samples_in_epoch"] = min(step_in_epoch * BATCH, lines)
-    ckpt["samples_seen"] = step * BATCH
-    ckpt["config"] = {**ckpt["config"], "max_steps": step + 1}
+    ckpt = ckpt.edited("data", epoch=epoch, step_in_epoch=step_in_epoch,
+                       samples_in_epoch=min(step_in_epoch * BATCH, lines))
+    ckpt = ckpt.edited("progress", step=step, samples_seen=step * BATCH)
+    ckpt = ckpt.edited("run", config={**ckpt.settings, "max_steps": step + 1})
     target = dst / f"model_step{step}.pth"
-    torch.save(ckpt, target)
+    torch.save(ckpt.to_file(), target)
     os.link(target, dst / "latest.pth")
     return step
 

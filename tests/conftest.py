@@ -1,5 +1,7 @@
-"""Shared test settings."""
+"""Shared test settings and the demo assets every trainer test uses."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +23,20 @@ TINY_GPT = GPTConfig(
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True, scope="session")
 def single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP waits
-    make them up to 100x slower; restore the setting for other test modules."""
+    """Tiny models gain nothing from intra-op threads, and on a busy machine OpenMP waits make them
+    up to 100x slower. Trainer subprocesses get the same setting (tests/demo_runs.py), so runs in
+    this process and in subprocesses compute bit-identical floats."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> list[str]:
+    """Flags naming the demo corpus, tokenizer and base checkpoint, generated once per test session."""
+    from tests.demo_runs import demo_flags
+
+    return demo_flags(Path(tmp_path_factory.mktemp("demo_assets")))

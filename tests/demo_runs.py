@@ -1,6 +1,14 @@
-"""Running the real entry point on the demo config in a subprocess, and comparing the results."""
+"""Running the real entry point on the demo config, in a subprocess or in this process, and comparing results.
+
+Subprocesses are for tests about processes (a real SIGKILL, a terminal's Ctrl-C); everything
+else runs `main()` in this process, which skips torch's import and start-up. Both run with one
+intra-op thread (the conftest fixture here, OMP_NUM_THREADS there), so their float results are
+bit-identical and a run may be continued by either.
+"""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -9,8 +17,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from trainers.model.demo_base import ensure_demo_base
+from trainers.checkpoint import schema
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.model.demo_base import ensure_demo_base
 from trainers.model.gpt_model import GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,18 +37,53 @@ def demo_flags(root: Path) -> list[str]:
             "--tokenizer", str(corpus.tokenizer), "--base-checkpoint", str(base)]
 
 
+def subprocess_env(kill_at: str | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+    full = {k: v for k, v in os.environ.items() if k not in FAULT_VARS}
+    full.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if kill_at:
+        full["INDEXTTS_TRAIN_KILL_AT"] = kill_at
+    full.update(env or {})
+    return full
+
+
 def train(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,
           ) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if k not in FAULT_VARS}
-    if kill_at:
-        full_env["INDEXTTS_TRAIN_KILL_AT"] = kill_at
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, str(SCRIPT), "--output-dir", str(out), *args], env=full_env, cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    """The trainer in a subprocess of its own (for real kills and signals to a process group)."""
+    return subprocess.run([sys.executable, str(SCRIPT), "--output-dir", str(out), *args],
+                          env=subprocess_env(kill_at, env), cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def final_state(out: Path) -> dict:
-    return torch.load(out / "latest.pth", map_location="cpu", weights_only=True)
+def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,
+               ) -> subprocess.CompletedProcess:
+    """The trainer's main() in this process; same result object as `train`.
+
+    Kill points must name a signal the trainer handles (SIGTERM@..., SIGINT@...): a SIGKILL here
+    would end the test run.
+    """
+    from trainers.train_gpt_v2 import main
+
+    assert not kill_at or kill_at.startswith(("SIGTERM@", "SIGINT@", "SIGHUP@")), kill_at
+    variables = {"INDEXTTS_TRAIN_KILL_AT": kill_at, **(env or {})}
+    saved = {k: os.environ.get(k) for k in (*FAULT_VARS, *variables)}
+    for k in FAULT_VARS:
+        os.environ.pop(k, None)
+    os.environ.update({k: v for k, v in variables.items() if v is not None})
+    err = io.StringIO()
+    argv = ["--output-dir", str(out), *args]
+    try:
+        with contextlib.redirect_stderr(err):
+            status = main(argv)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(argv, status, "", err.getvalue())
+
+
+def final_state(out: Path) -> schema.Checkpoint:
+    return schema.read(out / "latest.pth")
 
 
 def assert_close_weights(a: Path, b: Path) -> None:
@@ -50,16 +94,6 @@ def assert_close_weights(a: Path, b: Path) -> None:
     Measured: max abs 7.9e-6 after 40 steps (1.5e-5 for a 2 x 8 split).
     """
     sa, sb = final_state(a), final_state(b)
-    assert sa["step"] == sb["step"]
-    for key in sa["model"]:
-        torch.testing.assert_close(sb["model"][key], sa["model"][key], rtol=1e-4, atol=5e-5, msg=key)
-
-
-def run_in_process(out: Path, *args: str) -> int:
-    """For invocations that stop before training (refusals, nothing to do): no process start-up.
-
-    Read what it logged with pytest's capsys (`capsys.readouterr().err`).
-    """
-    from trainers.train_gpt_v2 import main
-
-    return main(["--output-dir", str(out), *args])
+    assert sa.step == sb.step
+    for key in sa.model:
+        torch.testing.assert_close(sb.model[key], sa.model[key], rtol=1e-4, atol=5e-5, msg=key)

@@ -10,7 +10,7 @@ import torch
 from trainers.model.weights import BaseWeights, load_base_weights, read_state_dict, resize_text_rows
 from tests.conftest import TINY_GPT
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
-from trainers.config.settings import UserError
+from trainers.errors import UserError
 
 CFG = TINY_GPT
 NT = CFG.number_text_tokens

@@ -17,7 +17,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from tests.demo_runs import REPO, demo_flags, final_state, run_in_process, train
+from tests.demo_runs import REPO, final_state, train, train_here
 from trainers.model.weights import TEXT_ROW_KEYS, read_state_dict
 
 BASE_TOKENS = 160
@@ -68,10 +68,10 @@ def _manifest_with_new_ids(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    root = tmp_path_factory.mktemp("demo_assets")
-    flags = demo_flags(root)
+def data(demo_assets: list[str]) -> dict[str, object]:
+    flags = demo_assets
     value = {flags[i]: flags[i + 1] for i in range(1, len(flags), 2)}
+    root = Path(value["--tokenizer"]).parent  # the session's demo corpus; only new files are added
     tokenizer = _extend(Path(value["--tokenizer"]), root / "bpe_ext.model", seed=1)
     other = _extend(Path(value["--tokenizer"]), root / "bpe_other.model", seed=2)
     spm.SentencePieceTrainer.train(input=str(root / "bpe_other.jsonl"), model_prefix=str(root / "unrelated"),
@@ -103,14 +103,14 @@ def test_base_rows_stay_bit_identical_through_decay_and_a_kill(data, tmp_path, c
     killed = train(out, *data["extended_run"], *FLAGS, "--max-steps", "24", kill_at="step:10")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert "the 161 base rows of text_embedding and text_head are frozen" in killed.stderr
-    resumed = train(out, "--resume", "auto")
+    resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     state = final_state(out)
-    assert state["step"] == 24 and state["config"]["freeze_base_vocab"] is True
-    assert state["vocab"] == {"text_tokens": EXTENDED, "base_text_tokens": BASE_TOKENS}
+    assert state.step == 24 and state.settings["freeze_base_vocab"] is True
+    assert (state.text_tokens, state.base_text_tokens) == (EXTENDED, BASE_TOKENS)
     base = read_state_dict(data["base_checkpoint"])
     for key in TEXT_ROW_KEYS:
-        rows = state["model"][key]
+        rows = state.model[key]
         assert rows.shape[0] == EXTENDED + 1
         assert torch.equal(_base_rows(rows, BASE_TOKENS), base[key]), f"{key}: base rows moved"
         initial = base[key][:BASE_TOKENS].mean(dim=0)  # where the new rows started
@@ -122,7 +122,7 @@ def test_base_rows_stay_bit_identical_through_decay_and_a_kill(data, tmp_path, c
 @pytest.fixture(scope="module")
 def unfrozen_run(data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("unfrozen") / "run"
-    result = train(out, *data["extended_run"], *FLAGS, "--max-steps", "6", "--no-freeze-base-vocab")
+    result = train_here(out, *data["extended_run"], *FLAGS, "--max-steps", "6", "--no-freeze-base-vocab")
     assert result.returncode == 0, result.stderr
     return out
 
@@ -130,41 +130,42 @@ def unfrozen_run(data, tmp_path_factory) -> Path:
 def test_without_freezing_the_base_rows_drift_and_inspect_says_so(data, unfrozen_run, capsys):
     out = unfrozen_run
     state = final_state(out)
-    assert state["config"]["freeze_base_vocab"] is False
+    assert state.settings["freeze_base_vocab"] is False
     base = read_state_dict(data["base_checkpoint"])
-    assert not torch.equal(_base_rows(state["model"]["text_embedding.weight"], BASE_TOKENS),
+    assert not torch.equal(_base_rows(state.model["text_embedding.weight"], BASE_TOKENS),
                            base["text_embedding.weight"])
     assert "base rows: DRIFTED" in _inspect(capsys, str(out / "latest.pth"), "--base", str(data["base_checkpoint"]))
 
 
-def test_resume_with_another_tokenizer_is_refused(data, unfrozen_run, capsys):
-    assert run_in_process(unfrozen_run, "--resume", "auto", "--tokenizer", str(data["other_tokenizer"])) == 2
-    assert "the tokenizer file differs from the one this run was trained with" in capsys.readouterr().err
-    assert final_state(unfrozen_run)["step"] == 6  # refusals change nothing
+def test_resume_with_another_tokenizer_is_refused(data, unfrozen_run):
+    refused = train_here(unfrozen_run, "--resume", "auto", "--tokenizer", str(data["other_tokenizer"]))
+    assert refused.returncode == 2
+    assert "the tokenizer file differs from the one this run was trained with" in refused.stderr
+    assert final_state(unfrozen_run).step == 6  # refusals change nothing
 
 
-def test_checkpoint_of_another_vocabulary_size_starts_a_new_run_from_its_weights(data, tmp_path, capsys):
+def test_checkpoint_of_another_vocabulary_size_starts_a_new_run_from_its_weights(data, tmp_path):
     old = tmp_path / "old"
-    assert train(old, *data["base_run"], *FLAGS, "--max-steps", "6").returncode == 0
+    assert train_here(old, *data["base_run"], *FLAGS, "--max-steps", "6").returncode == 0
     ext = data["extended_run"]
     new_flags = ["--tokenizer", str(data["extended_tokenizer"]), "--train-manifest", ext[ext.index("--train-manifest") + 1]]
     # Continuing in the old run's directory would replace its checkpoints: refused.
-    assert run_in_process(old, "--resume", "auto", *new_flags) == 2
-    assert "Pass a new --output-dir" in capsys.readouterr().err
+    refused = train_here(old, "--resume", "auto", *new_flags)
+    assert refused.returncode == 2 and "Pass a new --output-dir" in refused.stderr
     # A tokenizer that is not an extension of the run's one: refused.
     x = tmp_path / "x"
-    assert run_in_process(x, "--resume", str(old / "latest.pth"), "--tokenizer", str(data["unrelated_tokenizer"])) == 2
-    assert "is not an extension of" in capsys.readouterr().err
+    refused = train_here(x, "--resume", str(old / "latest.pth"), "--tokenizer", str(data["unrelated_tokenizer"]))
+    assert refused.returncode == 2 and "is not an extension of" in refused.stderr
 
     new = tmp_path / "new"
-    started = train(new, "--resume", str(old / "latest.pth"), *new_flags, "--max-steps", "4")
+    started = train_here(new, "--resume", str(old / "latest.pth"), *new_flags, "--max-steps", "4")
     assert started.returncode == 0, started.stderr
     assert "starting a NEW run at step 0 from its model weights only" in started.stderr
     state, previous = final_state(new), final_state(old)
-    assert state["step"] == 4 and state["epoch"] == 0 and state["step_in_epoch"] == 4  # counted from 0
-    assert state["config"]["lr_decay_steps"] == 4  # the schedule is planned for the new run
-    assert all(int(s["step"]) == 4 for s in state["optimizer"]["state"].values())  # fresh AdamW, not 6 + 4
-    assert state["vocab"] == {"text_tokens": EXTENDED, "base_text_tokens": BASE_TOKENS}
+    assert state.step == 4 and state.epoch == 0 and state.step_in_epoch == 4  # counted from 0
+    assert state.settings["lr_decay_steps"] == 4  # the schedule is planned for the new run
+    assert all(int(s["step"]) == 4 for s in state.optimizer["state"].values())  # fresh AdamW, not 6 + 4
+    assert (state.text_tokens, state.base_text_tokens) == (EXTENDED, BASE_TOKENS)
     for key in TEXT_ROW_KEYS:  # the old run's rows are this run's frozen base
-        assert torch.equal(_base_rows(state["model"][key], BASE_TOKENS), previous["model"][key])
+        assert torch.equal(_base_rows(state.model[key], BASE_TOKENS), previous.model[key])
     assert (old / "model_step6.pth").exists()  # the old run is untouched

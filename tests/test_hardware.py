@@ -14,8 +14,12 @@ from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.hardware.detect import (
     CPU_MICRO_BATCH, amp_dtype, auto_workers, choose_split, detect_hardware, pick_device, split_for,
 )
-from trainers.config.settings import CommandLine, UserError, resolve
-from trainers.training.rng import capture_rng_state, restore_rng_state
+from trainers.config.flags import CommandLine
+from trainers.config.settings import saved_settings
+from trainers.errors import UserError
+from trainers.run.resolve import merge_settings
+from trainers.run.run_dir import SavedRun
+from trainers.training.rng import ProcessRNG
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,25 +59,30 @@ def _cmd(**given) -> CommandLine:
     return CommandLine(given={"train_manifests": ("x.jsonl",), "tokenizer": "t.model", **given}, resume=None)
 
 
+def resolve(cmd: CommandLine, saved: dict | None) -> object:
+    """The settings merged on this (CPU) machine, from a saved run written on the same one."""
+    return merge_settings(cmd, SavedRun(saved_settings(saved), "cpu") if saved else None, REPO / "runs" / "x", "cpu")
+
+
 def test_batch_flags_resolve_to_an_effective_batch():
-    assert resolve(_cmd(), None, REPO).effective_batch == 32  # the default
-    both = resolve(_cmd(batch_size=4, grad_accumulation=4), None, REPO)
+    assert resolve(_cmd(), None).effective_batch == 32  # the default
+    both = resolve(_cmd(batch_size=4, grad_accumulation=4), None)
     assert (both.effective_batch, both.batch_size, both.grad_accumulation) == (16, 4, 4)  # community semantics
-    assert resolve(_cmd(effective_batch=64, batch_size=8), None, REPO).effective_batch == 64
+    assert resolve(_cmd(effective_batch=64, batch_size=8), None).effective_batch == 64
     with pytest.raises(UserError, match="give two of the three"):
-        resolve(_cmd(effective_batch=64, batch_size=8, grad_accumulation=4), None, REPO)
+        resolve(_cmd(effective_batch=64, batch_size=8, grad_accumulation=4), None)
 
 
 def test_resume_keeps_the_saved_effective_batch_and_rederives_the_split():
-    saved = resolve(_cmd(batch_size=8, grad_accumulation=4), None, REPO).to_dict()
+    saved = resolve(_cmd(batch_size=8, grad_accumulation=4), None).to_dict()
     cmd = CommandLine(given={"batch_size": 2}, resume="auto")
-    cfg = resolve(cmd, saved, REPO)
+    cfg = resolve(cmd, saved)
     assert (cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation) == (32, 2, 0)
-    cfg = resolve(CommandLine(given={"grad_accumulation": 1}, resume="auto"), saved, REPO)
+    cfg = resolve(CommandLine(given={"grad_accumulation": 1}, resume="auto"), saved)
     assert (cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation) == (32, 0, 1)
     # A configuration saved before --effective-batch existed.
     old = {k: v for k, v in saved.items() if k not in ("effective_batch", "freeze_base_vocab")}
-    cfg = resolve(CommandLine(given={}, resume="auto"), old, REPO)
+    cfg = resolve(CommandLine(given={}, resume="auto"), old)
     assert cfg.effective_batch == 32 and cfg.freeze_base_vocab is False
 
 
@@ -124,10 +133,10 @@ def test_oom_injection_raises_the_cuda_error_type():
 
 
 def test_cuda_rng_states_from_another_machine_are_reported_not_fatal(caplog):
-    state = capture_rng_state()
+    state = ProcessRNG().state_dict()
     state["cuda"] = [torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)]
     with caplog.at_level(logging.INFO):
-        restore_rng_state(state)
+        ProcessRNG().load_state_dict(state)
     if not torch.cuda.is_available():
         assert "CUDA RNG states for 2 device(s)" in caplog.text
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from tools.inspect_checkpoint import main
+from trainers.checkpoint import schema
+from trainers.training.rng import ProcessRNG
 
 D, NB, N = 8, 20, 26          # width, base text tokens, extended text tokens
 TEXT_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
@@ -31,21 +33,30 @@ def extend(base: torch.Tensor) -> torch.Tensor:
     return torch.cat([base[:NB], new, base[NB:]])
 
 
-def trainer_ckpt(model: dict[str, torch.Tensor], **config_overrides: object) -> dict:
+def trainer_ckpt(model: dict[str, torch.Tensor], micro_batch: int = 0, machine: str = "unknown",
+                 **config_overrides: object) -> dict:
+    """A trainer checkpoint assembled by the schema; a None override leaves the setting out, as in
+    files written before that setting existed."""
     config = {"learning_rate": 2e-5, "effective_batch": 32, "batch_size": 8, "grad_accumulation": 4,
               "weight_decay": 0.01, "seed": 1234, "tokenizer": "tok/bpe.model", "base_checkpoint": "checkpoints/gpt.pth",
               "freeze_base_vocab": True, "max_steps": 0, "epochs": 10, "amp": False, **config_overrides}
-    return {
-        "format": "indextts2-gpt-trainer/1", "model": model, "optimizer": {}, "optimizer_params": [],
-        "scheduler": {}, "scaler": {}, "step": 120, "epoch": 3, "step_in_epoch": 12, "samples_in_epoch": 384,
-        "samples_seen": 1920, "rng": {}, "config": {k: v for k, v in config.items() if v is not None},
-        "model_config": {"model_dim": D, "layers": 2, "heads": 2, "number_text_tokens": N},
-        "fingerprints": {"data": "d" * 8, "tokenizer": "ab" * 32, "model_config": "c" * 8},
-        "vocab": {"text_tokens": N, "base_text_tokens": NB}, "versions": {"torch": "2.13.0", "python": "3.12"},
-        "amp_dtype": "None",
-        "metrics": [{"kind": "train", "step": 100, "mel_loss": 2.0},
-                    {"kind": "val", "step": 80, "text_loss": 3.0, "mel_loss": 1.4, "mel_top1": 0.3}],
-    }
+    return schema.assemble({
+        "model": model,
+        "optim": {"optimizer": {"state": {}, "param_groups": []}, "param_shapes": [], "scaler": {},
+                  "lr_schedule": {"kind": "warmup_cosine", "base_lr": 2e-5, "warmup_steps": 0, "decay_steps": 1,
+                                  "min_lr_ratio": 0.0},
+                  "frozen_rows": None},
+        "data": {"epoch": 3, "step_in_epoch": 12, "samples_in_epoch": 384, "order_batch": 32},
+        "progress": {"step": 120, "samples_seen": 1920, "history": [
+            {"kind": "train", "step": 100, "mel_loss": 2.0},
+            {"kind": "val", "step": 80, "text_loss": 3.0, "mel_loss": 1.4, "mel_top1": 0.3}]},
+        "rng": ProcessRNG().state_dict(),
+        "run": {"run_id": "test", "config": {k: v for k, v in config.items() if v is not None},
+                "model_config": {"model_dim": D, "layers": 2, "heads": 2, "number_text_tokens": N},
+                "fingerprints": {"data": "d" * 8, "tokenizer": "ab" * 32, "model_config": "c" * 8},
+                "vocab": {"text_tokens": N, "base_text_tokens": NB}, "versions": {"torch": "2.13.0", "python": "3.12"}},
+        "hardware": {"machine": machine, "micro_batch": micro_batch, "amp_dtype": "None"},
+    })
 
 
 def trained_model(drift_rows: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
@@ -82,7 +93,7 @@ def line(lines: list[str], prefix: str) -> str:
 def test_trainer_checkpoint_unchanged_base_rows(files, capsys):
     code, lines, err = run(capsys, files["clean"], "--base", files["base"])
     assert code == 0 and not err
-    assert line(lines, "file:") == f"file: {files['clean']} (trainer checkpoint, format indextts2-gpt-trainer/1)"
+    assert line(lines, "file:") == f"file: {files['clean']} (trainer checkpoint, format {schema.FORMAT})"
     assert line(lines, "step:") == "step: 120 (epoch 3, step 12 of that epoch; 1920 samples seen)"
     assert line(lines, "config:") == ("config: effective batch 32 (micro-batch 8 x 4), lr 2e-05, weight decay 0.01, "
                                       "seed 1234, freeze_base_vocab True")
@@ -221,8 +232,8 @@ def test_runs_as_a_script_from_another_directory(files, tmp_path):
 
 
 def test_split_the_checkpoint_was_written_with(tmp_path, capsys):
-    ckpt = trainer_ckpt(trained_model(), batch_size=0, grad_accumulation=0)
-    ckpt.update(micro_batch=4, hardware="cuda|NVIDIA L4|22528MiB|sm89")
+    ckpt = trainer_ckpt(trained_model(), micro_batch=4, machine="cuda|NVIDIA L4|22528MiB|sm89", batch_size=0,
+                        grad_accumulation=0)
     path = tmp_path / "auto.pth"
     torch.save(ckpt, path)
     code, lines, _ = run(capsys, path)

@@ -1,8 +1,9 @@
 """Stopping and resuming never changes the result.
 
-Each test runs the real entry point in a subprocess on the demo config and compares the final
-checkpoint of an interrupted-and-resumed run with one uninterrupted run, tensor by tensor.
-Kills are real SIGKILLs at exact points (trainers/faults.py).
+Each test runs the real entry point on the demo config and compares the final checkpoint of an
+interrupted-and-resumed run with one uninterrupted run, tensor by tensor. Kills are real
+SIGKILLs of a trainer subprocess at exact points (trainers/training/faults.py); signals the
+trainer handles (SIGTERM, SIGINT) and refusals run in this process (tests/demo_runs.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import REPO, SCRIPT, assert_close_weights, demo_flags, final_state, run_in_process, train
+from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train, train_here
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
 COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "6",
@@ -23,19 +24,14 @@ COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(ST
           "--keep-checkpoints", "2", "--log-interval", "100"]
 
 
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    return demo_flags(tmp_path_factory.mktemp("demo_assets"))
-
-
 def assert_same_training(a: Path, b: Path) -> None:
     sa, sb = final_state(a), final_state(b)
-    assert sa["step"] == sb["step"] == STEPS
-    assert (sa["epoch"], sa["step_in_epoch"]) == (sb["epoch"], sb["step_in_epoch"])
-    assert sa["model"].keys() == sb["model"].keys()
-    for key in sa["model"]:
-        assert torch.equal(sa["model"][key], sb["model"][key]), f"model tensor {key} differs"
-    _assert_equal_nested(sa["optimizer"], sb["optimizer"], "optimizer")
+    assert sa.step == sb.step == STEPS
+    assert (sa.epoch, sa.step_in_epoch) == (sb.epoch, sb.step_in_epoch)
+    assert sa.model.keys() == sb.model.keys()
+    for key in sa.model:
+        assert torch.equal(sa.model[key], sb.model[key]), f"model tensor {key} differs"
+    _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
     assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
 
 
@@ -55,9 +51,9 @@ def _assert_equal_nested(x: object, y: object, where: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("reference") / "run"
-    result = train(out, *assets, *COMMON)
+    result = train_here(out, *demo_assets, *COMMON)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -73,14 +69,17 @@ KILLS = [
 ]
 
 
-def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(assets, reference, tmp_path):
+def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(demo_assets, reference, tmp_path):
     """One run killed at every point above in turn, each resumed run killed at the next one."""
     out = tmp_path / "run"
-    killed = train(out, *assets, *COMMON, kill_at=KILLS[0][0])
+    killed = train(out, *demo_assets, *COMMON, kill_at=KILLS[0][0])
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     next_kills = [k for k, _ in KILLS[1:]] + [None]
     for (kill_at, resumes_from), next_kill in zip(KILLS, next_kills):
-        resumed = train(out, "--resume", "auto", kill_at=next_kill)  # the run directory alone is enough
+        if kill_at == "save:18:tmp_written":
+            assert_killed_write_never_became_latest(out)
+        # The run directory alone is enough; the last resume runs to the end in this process.
+        resumed = train(out, "--resume", "auto", kill_at=next_kill) if next_kill else train_here(out, "--resume", "auto")
         where = f"resuming after the kill at {kill_at}"
         assert resumed.returncode == (-signal.SIGKILL if next_kill else 0), f"{where}:\n{resumed.stderr}"
         if resumes_from is None:
@@ -92,124 +91,121 @@ def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(assets, refer
     assert_same_training(reference, out)
 
 
-def test_killed_checkpoint_write_never_becomes_latest(assets, tmp_path):
-    out = tmp_path / "run"
-    killed = train(out, *assets, *COMMON, kill_at="save:18:tmp_written")
-    assert killed.returncode == -signal.SIGKILL
-    state = final_state(out)
-    assert state["step"] == 12  # the older complete checkpoint is still the one latest.pth names
+def assert_killed_write_never_became_latest(out: Path) -> None:
+    assert final_state(out).step == 12  # the older complete checkpoint is still the one latest.pth names
     assert not (out / "model_step18.pth").exists()
     assert any(p.name.startswith(".model_step18.pth.tmp") for p in out.iterdir())  # the partial file
     assert (out / "model_step6.pth").exists() and (out / "model_step12.pth").exists()
 
 
-def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(assets, reference, tmp_path):
+def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(demo_assets, reference, tmp_path):
     out = tmp_path / "run"
-    stopped = train(out, *assets, *COMMON, kill_at="SIGTERM@micro:9:0")
+    stopped = train_here(out, *demo_assets, *COMMON, kill_at="SIGTERM@micro:9:0")
     assert stopped.returncode == 143, stopped.stderr
-    assert final_state(out)["step"] == 9  # the step in progress was finished, then saved
-    resumed = train(out, "--resume", "auto")
+    assert final_state(out).step == 9  # the step in progress was finished, then saved
+    resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_training(reference, out)
 
 
-def test_other_micro_batch_same_effective_batch(assets, reference, tmp_path):
+def test_other_micro_batch_same_effective_batch(demo_assets, reference, tmp_path):
     out = tmp_path / "run"
-    first = train(out, *assets, *COMMON, "--max-steps", "12", "--lr-decay-steps", str(STEPS))
+    first = train_here(out, *demo_assets, *COMMON, "--max-steps", "12", "--lr-decay-steps", str(STEPS))
     assert first.returncode == 0, first.stderr
     # Another micro-batch and data workers: only the split and the loading change.
-    resumed = train(out, "--resume", "auto", "--batch-size", "4", "--num-workers", "2", "--max-steps", str(STEPS))
+    resumed = train_here(out, "--resume", "auto", "--batch-size", "4", "--num-workers", "2", "--max-steps", str(STEPS))
     assert resumed.returncode == 0, resumed.stderr
     assert "grad_accumulation" in resumed.stderr  # the changed split is listed
     assert (out / "sample_ids.tsv").read_text() == (reference / "sample_ids.tsv").read_text()
     assert_close_weights(reference, out)
 
 
-def test_exactness_breaking_change_is_refused(assets, reference, tmp_path, capsys):
+def test_exactness_breaking_change_is_refused(demo_assets, tmp_path):
     out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0
-    assert run_in_process(out, "--resume", "auto", "--seed", "7") == 2
-    err = capsys.readouterr().err
-    assert "seed" in err and "--allow-config-change" in err
-    assert run_in_process(out, "--resume", "auto", "--effective-batch", "32") == 2
-    assert "effective_batch" in capsys.readouterr().err
-    allowed = train(out, "--resume", "auto", "--seed", "7", "--allow-config-change", "--max-steps", "8")
+    assert train_here(out, *demo_assets, *COMMON, "--max-steps", "6").returncode == 0
+    refused = train_here(out, "--resume", "auto", "--seed", "7")
+    assert refused.returncode == 2
+    assert "seed" in refused.stderr and "--allow-config-change" in refused.stderr
+    refused = train_here(out, "--resume", "auto", "--effective-batch", "32")
+    assert refused.returncode == 2 and "effective_batch" in refused.stderr
+    allowed = train_here(out, "--resume", "auto", "--seed", "7", "--allow-config-change", "--max-steps", "8")
     assert allowed.returncode == 0, allowed.stderr
-    assert final_state(out)["step"] == 8
+    assert final_state(out).step == 8
 
 
-def test_max_steps_end_saves_true_position_and_extends(assets, reference, tmp_path, capsys):
+def test_max_steps_end_saves_true_position_and_extends(demo_assets, tmp_path):
     out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, "--max-steps", "20", "--lr-decay-steps", str(STEPS)).returncode == 0
+    assert train_here(out, *demo_assets, *COMMON, "--max-steps", "20", "--lr-decay-steps", str(STEPS)).returncode == 0
     state = final_state(out)
-    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (20, 0, 20)
-    assert run_in_process(out, "--resume", "auto") == 0
-    assert "nothing to do" in capsys.readouterr().err
-    extended = train(out, "--resume", "auto", "--max-steps", str(STEPS))
+    assert (state.step, state.epoch, state.step_in_epoch) == (20, 0, 20)
+    again = train_here(out, "--resume", "auto")
+    assert again.returncode == 0 and "nothing to do" in again.stderr
+    extended = train_here(out, "--resume", "auto", "--max-steps", str(STEPS))
     assert extended.returncode == 0, extended.stderr
-    assert final_state(out)["step"] == STEPS
+    assert final_state(out).step == STEPS
 
 
-def test_fresh_start_refuses_to_overwrite_an_existing_run(assets, reference, capsys):
+def test_fresh_start_refuses_to_overwrite_an_existing_run(demo_assets, reference):
     before = (reference / "latest.pth").read_bytes()
-    assert run_in_process(reference, *assets, *COMMON) == 2
-    assert "--resume auto" in capsys.readouterr().err
+    refused = train_here(reference, *demo_assets, *COMMON)
+    assert refused.returncode == 2 and "--resume auto" in refused.stderr
     assert (reference / "latest.pth").read_bytes() == before
 
 
-def test_resume_from_an_explicit_older_checkpoint(assets, reference, tmp_path):
+def test_resume_from_an_explicit_older_checkpoint(demo_assets, reference, tmp_path):
     out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, kill_at="step:10").returncode == -signal.SIGKILL
-    resumed = train(out, "--resume", str(out / "model_step6.pth"))
+    assert train_here(out, *demo_assets, *COMMON, "--max-steps", "10", "--lr-decay-steps", str(STEPS)).returncode == 0
+    resumed = train_here(out, "--resume", str(out / "model_step6.pth"), "--max-steps", str(STEPS))
     assert resumed.returncode == 0, resumed.stderr
     assert "(step 6," in resumed.stderr
     assert_same_training(reference, out)
 
 
-def test_more_epochs_continue_where_the_last_epoch_ended(assets, tmp_path):
+def test_more_epochs_continue_where_the_last_epoch_ended(demo_assets, tmp_path):
     out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, "--max-steps", "0", "--epochs", "1", "--lr-decay-steps", "48").returncode == 0
+    first = train_here(out, *demo_assets, *COMMON, "--max-steps", "0", "--epochs", "1", "--lr-decay-steps", "48")
+    assert first.returncode == 0, first.stderr
     state = final_state(out)
-    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (24, 1, 0)
-    more = train(out, "--resume", "auto", "--epochs", "2")
+    assert (state.step, state.epoch, state.step_in_epoch) == (24, 1, 0)
+    more = train_here(out, "--resume", "auto", "--epochs", "2")
     assert more.returncode == 0, more.stderr
     state = final_state(out)
-    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (48, 2, 0)
+    assert (state.step, state.epoch, state.step_in_epoch) == (48, 2, 0)
     steps = [int(line.split("\t")[0]) for line in (out / "sample_ids.tsv").read_text().splitlines()]
     assert steps == list(range(1, 49))
 
 
-def test_failed_resume_check_stops_unless_forced(assets, tmp_path, capsys):
+def test_failed_resume_check_stops_unless_forced(demo_assets, tmp_path):
     out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0
+    assert train_here(out, *demo_assets, *COMMON, "--max-steps", "6").returncode == 0
     ckpt = final_state(out)
-    ckpt["optimizer_params"][0][1] = [1, 2, 3]  # as if the optimizer covered a differently shaped tensor
+    shapes = ckpt.param_shapes
+    shapes[0][1] = [1, 2, 3]  # as if the optimizer covered a differently shaped tensor
     (out / "latest.pth").unlink()
     (out / "model_step6.pth").unlink()
-    torch.save(ckpt, out / "latest.pth")
-    assert run_in_process(out, "--resume", "auto", "--max-steps", "8") == 2
-    err = capsys.readouterr().err
-    assert "resume checks" in err and "--force-resume" in err
-    forced = train(out, "--resume", "auto", "--max-steps", "8", "--force-resume")
+    torch.save(ckpt.edited("optim", param_shapes=shapes).to_file(), out / "latest.pth")
+    refused = train_here(out, "--resume", "auto", "--max-steps", "8")
+    assert refused.returncode == 2
+    assert "resume checks" in refused.stderr and "--force-resume" in refused.stderr
+    forced = train_here(out, "--resume", "auto", "--max-steps", "8", "--force-resume")
     assert forced.returncode == 0, forced.stderr
-    assert final_state(out)["step"] == 8
+    assert final_state(out).step == 8
 
 
-def test_sigint_finishes_the_step_saves_and_exits_130(assets, tmp_path):
+def test_sigint_finishes_the_step_saves_and_exits_130(demo_assets, tmp_path):
     out = tmp_path / "run"
-    stopped = train(out, *assets, *COMMON, kill_at="SIGINT@micro:3:0")
+    stopped = train_here(out, *demo_assets, *COMMON, kill_at="SIGINT@micro:3:0")
     assert stopped.returncode == 130, stopped.stderr
-    assert final_state(out)["step"] == 3
+    assert final_state(out).step == 3
     assert "--resume auto" in stopped.stderr
 
 
-def test_ctrl_c_to_the_process_group_with_data_workers(assets, reference, tmp_path):
+def test_ctrl_c_to_the_process_group_with_data_workers(demo_assets, reference, tmp_path):
     """A terminal's Ctrl-C reaches the workers too; the main process alone must handle it."""
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "INDEXTTS_TRAIN_KILL_AT"}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *assets, *COMMON,
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *COMMON,
                              "--num-workers", "2", "--log-interval", "5"],
-                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
     for line in proc.stderr:
         if " step 5/" in line:
@@ -218,16 +214,16 @@ def test_ctrl_c_to_the_process_group_with_data_workers(assets, reference, tmp_pa
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 130, rest
     assert rest.count("received SIGINT") == 1, rest
-    resumed = train(out, "--resume", "auto")
+    resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_training(reference, out)
 
 
-def test_effective_batch_change_when_allowed_resumes_at_the_sample_offset(assets, tmp_path):
+def test_effective_batch_change_when_allowed_resumes_at_the_sample_offset(demo_assets, tmp_path):
     out = tmp_path / "run"
-    assert train(out, *assets, *COMMON, "--max-steps", "6").returncode == 0  # 6 steps x 16 = sample 96
-    changed = train(out, "--resume", "auto", "--effective-batch", "32", "--allow-config-change", "--max-steps", "7")
+    assert train_here(out, *demo_assets, *COMMON, "--max-steps", "6").returncode == 0  # 6 steps x 16 = sample 96
+    changed = train_here(out, "--resume", "auto", "--effective-batch", "32", "--allow-config-change", "--max-steps", "7")
     assert changed.returncode == 0, changed.stderr
     assert "resuming epoch 0 at sample 96 (step 3)" in changed.stderr
     state = final_state(out)
-    assert (state["step"], state["epoch"], state["step_in_epoch"]) == (7, 0, 4)
+    assert (state.step, state.epoch, state.step_in_epoch) == (7, 0, 4)

@@ -5,7 +5,7 @@
 Use it before resuming an old run: if the base rows of text_embedding/text_head differ from
 the base checkpoint, that run was not trained with frozen base vocabulary rows.
 
-Row layout (see trainers/base_weights.py): a file with Nt text tokens has Nt+1 text rows, the
+Row layout (see trainers/model/weights.py): a file with Nt text tokens has Nt+1 text rows, the
 last being an extra row no token id reaches. A vocabulary extended from Nb to N tokens keeps
 rows 0..Nb-1, puts new pieces at Nb..N-1 and moves the extra row (base row Nb) to row N.
 """
@@ -16,7 +16,7 @@ import json
 import math
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +26,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
     sys.path.insert(0, str(REPO_ROOT))
 
-from trainers.model.weights import TEXT_ROW_KEYS  # noqa: E402
-from trainers.config.settings import UserError  # noqa: E402
+from trainers.checkpoint import schema  # noqa: E402
+from trainers.checkpoint.files import CheckpointError, load_checkpoint  # noqa: E402
+from trainers.config.settings import saved_settings  # noqa: E402
+from trainers.errors import UserError  # noqa: E402
+from trainers.model.weights import TEXT_ROW_KEYS, state_dict_of, strip_module_prefix  # noqa: E402
 
-TRAINER_FORMAT_PREFIX = "indextts2-gpt-trainer/"
 # Rows per float64 chunk: bounds memory (about 40 MB at width 1280) while staying vectorised.
 ROW_CHUNK = 4096
 LAYER_KEY = re.compile(r"^gpt\.h\.(\d+)\.")
@@ -40,7 +42,7 @@ class LoadedFile:
     path: Path
     kind: str                      # "trainer", "official" ({"model": sd}) or "raw" (a bare sd)
     state: dict[str, torch.Tensor]
-    meta: dict[str, Any] = field(default_factory=dict)  # the whole trainer dict, else empty
+    checkpoint: schema.Checkpoint | None = None  # for trainer checkpoints
     stripped_prefix: bool = False
 
 
@@ -61,69 +63,49 @@ class RowDrift:
 def load_file(path: Path, label: str) -> LoadedFile:
     """Read a trainer checkpoint, an official {"model": sd} file or a raw state dict."""
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"{label} {path}: file not found; check the path") from None
-    except IsADirectoryError:
-        raise UserError(f"{label} {path}: is a directory; pass a .pth file (e.g. {path}/latest.pth)") from None
-    except Exception as exc:  # truncated/corrupt file, or one that needs pickled code
-        # First sentence only: torch's weights_only message goes on to advise weights_only=False.
-        reason = re.split(r"(?<=\.)\s", (str(exc).strip().splitlines() or [""])[0])[0]
-        raise UserError(f"{label} {path}: cannot be read with torch.load(weights_only=True) "
-                        f"({type(exc).__name__}: {reason}); the file may be truncated or corrupt, "
-                        "pass an intact checkpoint (e.g. an older model_step*.pth)") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{label} {path}: holds a {type(obj).__name__}, not a state dict; "
-                        "pass a gpt.pth or a checkpoint written by the trainer")
-    if "format" in obj:
-        kind, meta, state = "trainer", obj, obj.get("model")
-    elif isinstance(obj.get("model"), dict):
-        kind, meta, state = "official", {}, obj["model"]
+        obj = load_checkpoint(path)
+        ckpt = schema.parse(obj, path) if schema.is_trainer_checkpoint(obj) else None
+    except CheckpointError as exc:
+        raise UserError(f"{label} {path}: {exc.reason}; pass an intact checkpoint (e.g. an older model_step*.pth)"
+                        ) from None
+    if ckpt is not None:
+        kind, state = "trainer", ckpt.model
     else:
-        kind, meta, state = "raw", {}, obj
-    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        kind = "official" if isinstance(obj.get("model"), dict) else "raw"
+        state = state_dict_of(obj)
+    if state is None:
         raise UserError(f"{label} {path}: not a state dict (expected tensors, or a dict with a 'model' "
                         "state dict); pass a gpt.pth or a checkpoint written by the trainer")
     state, stripped = strip_module_prefix(state)
     if "text_embedding.weight" not in state:
         raise UserError(f"{label} {path}: no text_embedding.weight; is this an IndexTTS2 GPT checkpoint?")
-    return LoadedFile(path, kind, state, meta, stripped)
-
-
-def strip_module_prefix(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
-    # DDP saves every key as "module.<name>"; only a consistent prefix is treated as one.
-    if all(k.startswith("module.") for k in state):
-        return {k[len("module."):]: v for k, v in state.items()}, True
-    return state, False
+    return LoadedFile(path, kind, state, ckpt, stripped)
 
 
 # ---------------------------------------------------------------- description
 
 def describe(ck: LoadedFile) -> dict[str, Any]:
     """Facts about one file (the JSON object without the comparison part)."""
-    meta = ck.meta
+    c = ck.checkpoint
     rows, dim = ck.state["text_embedding.weight"].shape[:2]
-    vocab = dict(meta.get("vocab") or {})
-    text_tokens = int(vocab.get("text_tokens", rows - 1))
-    base_tokens = vocab.get("base_text_tokens")
-    model_cfg = meta.get("model_config") or {}
+    model_cfg = c.model_config if c else {}
     return {
         "file": str(ck.path),
         "kind": ck.kind,
-        "format": meta.get("format"),
+        "format": f"{schema.FORMAT_PREFIX}{c.format_version}" if c else None,
         "module_prefix_stripped": ck.stripped_prefix,
-        "step": meta.get("step"),
-        "epoch": meta.get("epoch"),
-        "step_in_epoch": meta.get("step_in_epoch"),
-        "samples_seen": meta.get("samples_seen"),
-        "config": summarize_config(meta["config"]) if isinstance(meta.get("config"), dict) else None,
+        "step": c.step if c else None,
+        "epoch": c.epoch if c else None,
+        "step_in_epoch": c.step_in_epoch if c else None,
+        "samples_seen": c.samples_seen if c else None,
+        "config": summarize_config(c.settings) if c else None,
         "vocab": {
-            "text_tokens": text_tokens,
-            "base_text_tokens": None if base_tokens is None else int(base_tokens),
-            "new_text_tokens": None if base_tokens is None else text_tokens - int(base_tokens),
+            "text_tokens": c.text_tokens if c else int(rows) - 1,
+            "base_text_tokens": c.base_text_tokens if c else None,
+            "new_text_tokens": c.text_tokens - c.base_text_tokens if c else None,
             "rows": int(rows),
         },
-        "tokenizer_sha256": (meta.get("fingerprints") or {}).get("tokenizer"),
+        "tokenizer_sha256": c.fingerprints.get("tokenizer") if c else None,
         "model": {
             "layers": model_cfg.get("layers", count_layers(ck.state)),
             "dim": model_cfg.get("model_dim", int(dim)),
@@ -131,23 +113,20 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         },
         "tensors": len(ck.state),
         "parameters": sum(t.numel() for t in ck.state.values()),
-        "amp_dtype": meta.get("amp_dtype"),
-        "micro_batch": meta.get("micro_batch"),
-        "hardware": meta.get("hardware"),
-        "last_validation": last_validation(meta.get("metrics") or []),
-        "versions": meta.get("versions"),
+        "amp_dtype": c.amp_dtype if c else None,
+        "micro_batch": (c.micro_batch or None) if c else None,
+        "hardware": c.machine if c and c.machine != "unknown" else None,
+        "last_validation": last_validation(c.history) if c else None,
+        "versions": (c.versions or None) if c else None,
     }
 
 
-def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    batch, accum = cfg.get("batch_size"), cfg.get("grad_accumulation")
-    effective = cfg.get("effective_batch")
-    if effective is None and batch is not None and accum is not None:
-        effective = batch * accum  # older files did not store the derived value
-    keys = ("batch_size", "grad_accumulation", "learning_rate", "weight_decay", "seed", "freeze_base_vocab",
-            "max_steps", "epochs", "amp", "tokenizer", "base_checkpoint")
-    summary = {"effective_batch": effective, **{k: cfg.get(k) for k in keys}}
-    summary["freeze_base_vocab_recorded"] = "freeze_base_vocab" in cfg
+def summarize_config(saved: dict[str, Any]) -> dict[str, Any]:
+    cfg = saved_settings(saved)  # older files did not store every derived value
+    keys = ("effective_batch", "batch_size", "grad_accumulation", "learning_rate", "weight_decay", "seed",
+            "freeze_base_vocab", "max_steps", "epochs", "amp", "tokenizer", "base_checkpoint")
+    summary = {k: cfg.get(k) for k in keys}
+    summary["freeze_base_vocab_recorded"] = "freeze_base_vocab" in saved
     return summary
 
 
@@ -276,7 +255,7 @@ def other_tensor_changes(ck: dict[str, torch.Tensor], base: dict[str, torch.Tens
 
 def base_notes(ck: LoadedFile, nb: int) -> list[str]:
     notes = []
-    recorded = (ck.meta.get("vocab") or {}).get("base_text_tokens")
+    recorded = ck.checkpoint.base_text_tokens if ck.checkpoint else None
     if recorded is not None and int(recorded) != nb:
         # The row layout is then not the one compared here, so any drift verdict is suspect.
         notes.append(f"the checkpoint records base_text_tokens {recorded} but the base file has {nb} text tokens; "

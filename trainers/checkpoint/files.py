@@ -41,6 +41,11 @@ _TEMP_FILE_RE = re.compile(r"^\.(?:model_step(?:0|[1-9][0-9]*)|latest)\.pth\.tmp
 class CheckpointError(RuntimeError):
     """A checkpoint file is missing, unreadable or not a checkpoint."""
 
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"could not load checkpoint {path}: {reason}; resume from an older model_step*.pth in "
+                         f"{Path(path).parent} or pass another checkpoint path")
+
 
 def _temp_path(path: Path) -> Path:
     # Same directory as the target so os.replace never crosses filesystems.
@@ -106,24 +111,26 @@ def atomic_torch_save(
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Load a checkpoint on CPU with ``weights_only=True``.
+    """Load a checkpoint (or any torch file holding a dict) on CPU with ``weights_only=True``.
 
-    Raises CheckpointError naming the file for any failure.
+    Raises CheckpointError naming the file and the reason for any failure; callers that read
+    files the user named (a base checkpoint, a file to inspect) phrase their own advice from
+    ``CheckpointError.reason``.
     """
     path = Path(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise CheckpointError(
-            f"Could not load checkpoint {path}: {type(err).__name__}: {err}. "
-            f"The file may be truncated or corrupt; resume from an older "
-            f"model_step*.pth file in {path.parent} or pass another checkpoint path."
-        ) from err
+    except FileNotFoundError:
+        raise CheckpointError(path, "file not found") from None
+    except IsADirectoryError:
+        raise CheckpointError(path, "is a directory, not a .pth file") from None
+    except Exception as err:  # truncated or corrupt file, or one that needs pickled code
+        # First sentence only: torch's weights_only message goes on to advise weights_only=False.
+        first = re.split(r"(?<=\.)\s", (str(err).strip().splitlines() or [""])[0])[0]
+        raise CheckpointError(path, f"cannot be read with torch.load(weights_only=True) ({type(err).__name__}: "
+                                    f"{first}); the file may be truncated or corrupt") from None
     if not isinstance(obj, dict):
-        raise CheckpointError(
-            f"Checkpoint {path} holds a {type(obj).__name__}, not a dict; "
-            f"pass a checkpoint written by this trainer or an older model_step*.pth file."
-        )
+        raise CheckpointError(path, f"holds a {type(obj).__name__}, not a state dict or checkpoint")
     return obj
 
 

@@ -16,10 +16,10 @@ import torch
 from torch.utils.data import Dataset
 
 from trainers.data.manifest import Sample
+from trainers.model.layout import CONDITION_LEN
 
 logger = logging.getLogger(__name__)
 
-CONDITION_LEN = 32  # conditioning latent vectors per prompt
 TRAILING_RUN_WARN = 16  # this many identical final codes looks like saved padding
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from trainers.model.layout import PREFIX_LEN
+
 logger = logging.getLogger(__name__)
 
 MAX_LISTED_PROBLEMS = 30
@@ -68,7 +70,7 @@ def parse_manifest_spec(spec: str) -> ManifestSpec:
 class DataLimits:
     max_text_tokens: int
     max_mel_tokens: int
-    prefix_len: int = 34  # 32 conditioning vectors + 2 speed embeddings
+    prefix_len: int = PREFIX_LEN
 
     def __post_init__(self) -> None:
         if self.max_text_tokens < 1 or self.max_mel_tokens < 1 or self.prefix_len < 0:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,8 +16,9 @@ from typing import Callable
 
 import torch
 
+from trainers.files import write_text_atomically
 from trainers.training.faults import OomInjector
-from trainers.data.features import CONDITION_LEN
+from trainers.model.layout import CONDITION_LEN
 from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
 from trainers.hardware.oom_recovery import release_memory
 
@@ -59,10 +59,8 @@ class ProbeCache:
 
     def store(self, key: ProbeKey, micro_batch: int, detail: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name("." + self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"key": asdict(key), "micro_batch": micro_batch, "detail": detail}, indent=2) + "\n",
-                       encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_text_atomically(self.path, json.dumps({"key": asdict(key), "micro_batch": micro_batch,
+                                                     "detail": detail}, indent=2) + "\n")
 
 
 def largest_fitting(fits: Callable[[int], bool], upper: int) -> int:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import platform
 from dataclasses import dataclass
 
 import torch
 
-from trainers.config.settings import UserError
+from trainers.errors import UserError
 
 log = logging.getLogger("train")
 
@@ -156,3 +157,17 @@ def choose_split(effective_batch: int, batch_size: int, grad_accumulation: int) 
     if grad_accumulation:
         return split_for(effective_batch, math.ceil(effective_batch / grad_accumulation), "--grad-accumulation")
     return None
+
+
+def library_versions() -> dict[str, str]:
+    """Versions that can change float results: recorded with every checkpoint."""
+    import numpy as np
+    import sentencepiece
+
+    return {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "numpy": np.__version__,
+        "sentencepiece": sentencepiece.__version__,
+        "cuda": str(torch.version.cuda or "none"),
+    }

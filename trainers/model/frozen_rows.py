@@ -37,6 +37,15 @@ class FrozenTextRows:
     def rows(self) -> int:
         return self.base_tokens + 1
 
+    def state_dict(self) -> dict[str, int]:
+        # The rows' values live in the model section; which rows are frozen is the state here.
+        return {"base_tokens": self.base_tokens}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if int(state["base_tokens"]) != self.base_tokens:
+            raise ValueError(f"the checkpoint froze the first {state['base_tokens']} text rows, this run "
+                             f"{self.base_tokens}")
+
     def zero_grads(self) -> None:
         for p in self.params:
             if p.grad is not None:

@@ -3,7 +3,7 @@
 Parameter names and shapes follow the official checkpoint (group A of
 shared/reference/indextts2-gpt.md), so `state_dict()` loads into upstream inference.
 The conditioning encoders (group B) are not part of this module: the trainer carries
-their tensors through unchanged (see `split_state_dict`).
+their tensors through unchanged (see `trainers.model.weights`).
 
 Two deliberate differences from the upstream training forward, both documented in the
 README and both invisible to inference:
@@ -30,20 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-PREFIX_LEN = 34  # 32 conditioning latents + 2 speed embeddings
-CONDITION_LEN = 32
-
-# Keys of the official checkpoint that the training forward does not use but inference
-# loads strictly (group B), and keys that are dropped on load.
-CARRIED_PREFIXES = (
-    "emovec_layer.",
-    "emo_layer.",
-    "conditioning_encoder.",
-    "perceiver_encoder.",
-    "emo_conditioning_encoder.",
-    "emo_perceiver_encoder.",
-)
-DROPPED_PREFIXES = ("inference_model.", "gpt.wte.")
+from trainers.model.layout import PREFIX_LEN
 
 
 @dataclass(frozen=True)
@@ -370,36 +357,9 @@ def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: in
     return text_pos, mel_pos
 
 
-def split_state_dict(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
-    """Split an official-format state dict into (group-A candidates, carried group-B keys, dropped keys).
-
-    Accepts DDP-style "module." prefixes. The caller decides what to do with candidates the
-    model does not have.
-    """
-    if state and all(k.startswith("module.") for k in state):
-        state = {k[len("module."):]: v for k, v in state.items()}
-    trained, carried, dropped = {}, {}, []
-    for key, value in state.items():
-        if key.startswith(DROPPED_PREFIXES) or key.endswith((".attn.bias", ".attn.masked_bias")):
-            dropped.append(key)
-        elif key.startswith(CARRIED_PREFIXES):
-            carried[key] = value
-        else:
-            trained[key] = value
-    return trained, carried, dropped
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 __all__ = [
-    "CARRIED_PREFIXES",
-    "DROPPED_PREFIXES",
     "GPTConfig",
     "PREFIX_LEN",
     "UnifiedVoiceGPT",
-    "count_parameters",
     "dropout_keys",
-    "split_state_dict",
 ]

@@ -1,4 +1,4 @@
-"""The text vocabulary: the tokenizer's size, a checkpoint's, and whether one extends the other.
+"""The text vocabulary: the tokenizer's size, and whether one tokenizer extends another.
 
 The text embedding and head are indexed by tokenizer ids, so a run is tied to its tokenizer:
 a checkpoint's rows only mean something with the pieces it was trained with.
@@ -6,14 +6,27 @@ a checkpoint's rows only mean something with the pieces it was trained with.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import sentencepiece as spm
 
-from trainers.config.settings import UserError
+from trainers.errors import UserError
 
 log = logging.getLogger("train")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    text_tokens: int       # pieces of the run's tokenizer: rows 0..text_tokens-1 (+ the extra row)
+    base_text_tokens: int  # pieces of the vocabulary training started from (the base checkpoint's)
+
+    @property
+    def extended(self) -> bool:
+        return self.text_tokens > self.base_text_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {"text_tokens": self.text_tokens, "base_text_tokens": self.base_text_tokens}
 
 
 def tokenizer_size(path: str | None) -> int:
@@ -24,13 +37,6 @@ def tokenizer_size(path: str | None) -> int:
         return spm.SentencePieceProcessor(model_file=path).get_piece_size()
     except Exception as exc:
         raise UserError(f"--tokenizer {path}: not a SentencePiece model ({exc})") from None
-
-
-def checkpoint_text_tokens(ckpt: dict[str, Any]) -> int:
-    """Text tokens a trainer checkpoint was trained with (its text tables have one row more)."""
-    if "text_tokens" in ckpt.get("vocab", {}):
-        return int(ckpt["vocab"]["text_tokens"])
-    return int(ckpt["model"]["text_embedding.weight"].shape[0]) - 1
 
 
 def check_extends(old_path: str | None, new_path: str, checkpoint: Path) -> None:

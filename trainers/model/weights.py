@@ -1,4 +1,9 @@
-"""Load an official (or raw) gpt.pth into the model, resizing the text vocabulary if needed.
+"""IndexTTS2 state dicts: loading the base gpt.pth, resizing the text vocabulary, and the
+trained model with its carried tensors as one checkpoint section.
+
+The official state dict holds three groups of keys: the training path's tensors (group A,
+the trainer's model), conditioning-encoder tensors inference needs but training does not
+use (group B, carried through unchanged), and keys upstream drops on load.
 
 The text embedding and text head have Nt+1 rows: ids 0..Nt-1 are tokens and row Nt is an
 extra row no token id reaches. With a larger tokenizer (N > Nt pieces) ids 0..Nt-1 keep their
@@ -10,54 +15,107 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import torch
 from torch import nn
 
-from trainers.model.gpt_model import split_state_dict
-from trainers.config.settings import UserError
+from trainers.checkpoint.files import CheckpointError, load_checkpoint
+from trainers.errors import UserError
+from trainers.model.gpt_model import UnifiedVoiceGPT
 
 log = logging.getLogger(__name__)
 
 TEXT_ROW_KEYS = ("text_embedding.weight", "text_head.weight", "text_head.bias")
 MODEL_NAMESPACES = ("gpt.", "text_", "mel_", "speed_emb.", "final_norm.")
+# Group B: not used by the training forward, loaded strictly by inference.
+CARRIED_PREFIXES = (
+    "emovec_layer.",
+    "emo_layer.",
+    "conditioning_encoder.",
+    "perceiver_encoder.",
+    "emo_conditioning_encoder.",
+    "emo_perceiver_encoder.",
+)
+DROPPED_PREFIXES = ("inference_model.", "gpt.wte.")
+
+StateDict = dict[str, torch.Tensor]
+
+
+def strip_module_prefix(state: Mapping[str, torch.Tensor]) -> tuple[StateDict, bool]:
+    """DDP saves every key as "module.<name>"; only a prefix on every key is treated as one."""
+    if state and all(k.startswith("module.") for k in state):
+        return {k[len("module."):]: v for k, v in state.items()}, True
+    return dict(state), False
+
+
+def split_state_dict(state: Mapping[str, torch.Tensor]) -> tuple[StateDict, StateDict, list[str]]:
+    """Split an official-format state dict into (group-A candidates, carried group-B keys, dropped keys).
+
+    Accepts DDP-style "module." prefixes. The caller decides what to do with candidates the
+    model does not have.
+    """
+    state, _ = strip_module_prefix(state)
+    trained, carried, dropped = {}, {}, []
+    for key, value in state.items():
+        if key.startswith(DROPPED_PREFIXES) or key.endswith((".attn.bias", ".attn.masked_bias")):
+            dropped.append(key)
+        elif key.startswith(CARRIED_PREFIXES):
+            carried[key] = value
+        else:
+            trained[key] = value
+    return trained, carried, dropped
+
+
+def state_dict_of(obj: object) -> StateDict | None:
+    """The state dict inside a loaded file: {"model": sd, ...} or a raw sd; None if it holds none."""
+    state = obj.get("model", obj) if isinstance(obj, dict) else None
+    if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        return None
+    return state
+
+
+def read_state_dict(path: Path, flag: str = "--base-checkpoint") -> StateDict:
+    """The state dict of an official-format file: {"model": sd, ...} or a raw sd."""
+    try:
+        obj = load_checkpoint(path)
+    except CheckpointError as exc:
+        raise UserError(f"{flag} {path}: {exc.reason}") from None
+    state = state_dict_of(obj)
+    if state is None:
+        raise UserError(f"{flag} {path}: not a state dict (expected tensors, or a dict with a 'model' state dict)")
+    return state
+
+
+def text_tokens_of(state: Mapping[str, torch.Tensor], path: Path) -> int:
+    """Nt of a state dict: its text_embedding rows minus the extra row."""
+    trained, _, _ = split_state_dict(state)
+    if "text_embedding.weight" not in trained:
+        raise UserError(f"--base-checkpoint {path}: no text_embedding.weight; is this an IndexTTS2 gpt.pth?")
+    return int(trained["text_embedding.weight"].shape[0]) - 1
 
 
 @dataclass
 class BaseWeights:
-    carried: dict[str, torch.Tensor]   # group B and unknown keys, written back unchanged
+    carried: StateDict                 # group B and unknown keys, written back unchanged
     base_text_tokens: int              # Nt of the base checkpoint (text_embedding rows - 1)
     dropped: list[str] = field(default_factory=list)
     new_text_rows: int = 0
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """The state dict of an official-format file: {"model": sd, ...} or a raw sd."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise UserError(f"--base-checkpoint {path}: file not found") from None
-    except Exception as exc:  # corrupt file, or one that needs pickled code
-        raise UserError(f"--base-checkpoint {path}: cannot be read with torch.load(weights_only=True): {exc}") from None
-    state = obj.get("model", obj) if isinstance(obj, dict) else None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"--base-checkpoint {path}: not a state dict (expected tensors, or a dict with a 'model' state dict)")
-    return state
-
-
-def load_base_weights(path: Path, model: nn.Module) -> BaseWeights:
-    trained, carried, dropped = split_state_dict(read_state_dict(path))
+def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> BaseWeights:
+    """Load `path` (or its already read `state`) into `model`, extending the text rows if needed."""
+    trained, carried, dropped = split_state_dict(read_state_dict(path) if state is None else state)
     own = model.state_dict()
     # Keys in the model's own namespaces that it lacks (e.g. extra layers) mean the config does
     # not match; anything else is unknown to us and is carried through rather than lost.
     unexpected = sorted(k for k in set(trained) - set(own) if k.startswith(MODEL_NAMESPACES))
     for key in sorted(set(trained) - set(own) - set(unexpected)):
-        log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved checkpoints unchanged", key)
+        log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved checkpoints "
+                    "unchanged", key)
         carried[key] = trained.pop(key)
     missing = sorted(set(own) - set(trained))
-    if "text_embedding.weight" not in trained:
-        raise UserError(f"--base-checkpoint {path}: no text_embedding.weight; is this an IndexTTS2 gpt.pth?")
-    base_tokens = trained["text_embedding.weight"].shape[0] - 1
+    base_tokens = text_tokens_of(trained, path)
     new_tokens = own["text_embedding.weight"].shape[0] - 1
     if new_tokens < base_tokens:
         raise UserError(
@@ -73,7 +131,8 @@ def load_base_weights(path: Path, model: nn.Module) -> BaseWeights:
         lines = [f"--base-checkpoint {path} does not fit the model built from --config:"]
         lines += [f"  missing: {k}" for k in missing] + mismatched
         lines += [f"  not in the model: {k}" for k in unexpected]
-        lines.append("check that --config matches the checkpoint (model_dim, layers, heads, max_*_tokens, number_mel_codes)")
+        lines.append("check that --config matches the checkpoint (model_dim, layers, heads, max_*_tokens, "
+                     "number_mel_codes)")
         raise UserError("\n".join(lines))
     for key in TEXT_ROW_KEYS:
         trained[key] = resize_text_rows(trained[key], new_tokens)
@@ -100,3 +159,29 @@ def resize_text_rows(base: torch.Tensor, new_tokens: int) -> torch.Tensor:
     mean = base[:base_tokens].float().mean(dim=0, keepdim=True).to(base.dtype)
     new_rows = mean.expand(new_tokens - base_tokens, *base.shape[1:])
     return torch.cat([base[:base_tokens], new_rows, base[base_tokens:]], dim=0).clone()
+
+
+@dataclass
+class GPTWeights:
+    """The trained model plus the tensors carried for inference: the "model" section of a checkpoint,
+    in exactly the layout upstream IndexTTS2 loads."""
+
+    model: UnifiedVoiceGPT
+    carried: StateDict
+
+    def state_dict(self) -> StateDict:
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        state.update(self.carried)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], source: Path) -> None:
+        trained, carried, _ = split_state_dict(state)
+        own = self.model.state_dict()
+        problems = [f"  missing: {k}" for k in sorted(set(own) - set(trained))]
+        problems += [f"  {k}: checkpoint {tuple(v.shape)}, model {tuple(own[k].shape)}"
+                     for k, v in sorted(trained.items()) if k in own and v.shape != own[k].shape]
+        if problems:
+            raise UserError("\n".join([f"{source} does not fit the model of this run:", *problems,
+                                       "resume with the --config and --tokenizer the run was started with"]))
+        self.model.load_state_dict({k: trained[k] for k in own}, strict=True)
+        self.carried = {**carried, **{k: trained[k] for k in set(trained) - set(own)}}

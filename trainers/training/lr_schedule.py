@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -34,5 +35,10 @@ class WarmupCosine:
             group["lr"] = lr
         return lr
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "warmup_cosine", **asdict(self)}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> "WarmupCosine":
+        return cls(float(state["base_lr"]), int(state["warmup_steps"]), int(state["decay_steps"]),
+                   float(state["min_lr_ratio"]))

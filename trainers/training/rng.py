@@ -1,16 +1,14 @@
-"""What a checkpoint holds besides weights: RNG states, versions, fingerprints.
+"""The process's random number generators: the "rng" section of a checkpoint.
 
-Everything here is built from tensors, containers and primitives only, so a checkpoint
-loads with torch.load(weights_only=True).
+Training itself draws no random numbers (the data order is keyed by (seed, epoch) and dropout
+masks by (seed, step, sample)), so these states only keep anything else that draws from the
+global generators reproducible across a resume. Stored as tensors, containers and primitives,
+so a checkpoint loads with torch.load(weights_only=True).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import platform
 import random
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,36 +16,36 @@ import torch
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = "indextts2-gpt-trainer/1"
 
+class ProcessRNG:
+    def state_dict(self) -> dict[str, Any]:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        return {
+            "torch": torch.get_rng_state(),
+            "cuda": list(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else [],
+            "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "python": _to_lists(random.getstate()),
+        }
 
-def capture_rng_state() -> dict[str, Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": [s for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": _to_lists(random.getstate()),
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    cuda_states = state.get("cuda", [])
-    if cuda_states and not torch.cuda.is_available():
-        log.info("the checkpoint holds CUDA RNG states for %d device(s) and this machine has no CUDA: they are kept "
-                 "out (training draws no CUDA random numbers, so results are unaffected)", len(cuda_states))
-    if torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        if cuda_states and len(cuda_states) == count:
-            torch.cuda.set_rng_state_all(cuda_states)
-        elif cuda_states:
-            log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d; CUDA RNG states were not "
-                        "restored (training does not draw from them, so results are unaffected)", len(cuda_states), count)
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    random.setstate(_to_tuples(state["python"]))
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        cuda_states = state["cuda"]
+        if cuda_states and not torch.cuda.is_available():
+            log.info("the checkpoint holds CUDA RNG states for %d device(s) and this machine has no CUDA: they are "
+                     "kept out (training draws no CUDA random numbers, so results are unaffected)", len(cuda_states))
+        if torch.cuda.is_available():
+            count = torch.cuda.device_count()
+            if cuda_states and len(cuda_states) == count:
+                torch.cuda.set_rng_state_all(cuda_states)
+            elif cuda_states:
+                log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d; CUDA RNG states were "
+                            "not restored (training does not draw from them, so results are unaffected)",
+                            len(cuda_states), count)
+        n = state["numpy"]
+        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+        random.setstate(_to_tuples(state["python"]))
 
 
 def _to_lists(x: Any) -> Any:
@@ -56,27 +54,3 @@ def _to_lists(x: Any) -> Any:
 
 def _to_tuples(x: Any) -> Any:
     return tuple(_to_tuples(v) for v in x) if isinstance(x, list) else x
-
-
-def library_versions() -> dict[str, str]:
-    import sentencepiece
-
-    return {
-        "python": platform.python_version(),
-        "torch": str(torch.__version__),
-        "numpy": np.__version__,
-        "sentencepiece": sentencepiece.__version__,
-        "cuda": str(torch.version.cuda or "none"),
-    }
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def dict_sha256(d: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()

@@ -9,6 +9,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from trainers.files import write_text_atomically
+
 log = logging.getLogger("train")
 
 
@@ -133,6 +135,4 @@ def _truncate_sample_ids(path: Path, keep_up_to_step: int) -> None:
     # A line without its newline was cut off by a kill; the step it began is redone.
     kept = [ln for ln in lines if ln.endswith("\n") and int(ln.split("\t", 1)[0]) <= keep_up_to_step]
     if len(kept) != len(lines):
-        tmp = path.with_name("." + path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomically(path, "".join(kept))

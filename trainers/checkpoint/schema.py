@@ -1,0 +1,250 @@
+"""The one definition of what a trainer checkpoint holds.
+
+A checkpoint is a dict that `torch.load(weights_only=True)` reads (tensors, containers and
+primitives only), made of sections, each the `state_dict()` of the component that owns it:
+
+    format    "indextts2-gpt-trainer/2"
+    model     the IndexTTS2 state dict, trained and carried tensors: upstream inference loads
+              the file as it is (it takes the "model" key as the state dict)
+    optim     AdamW state, the parameter names/shapes it covers, LR schedule, loss scaler, frozen rows
+    data      where the data order stands: epoch, step and samples into it, the order's batch
+    progress  optimizer steps done, samples seen, the metrics history
+    rng       process RNG states
+    run       what defines the run: identity, settings, model config, fingerprints, vocabulary, versions
+    hardware  how the last steps ran: machine, micro-batch, AMP dtype (informational)
+
+This module assembles and validates the sections and migrates older formats when reading;
+no other code indexes a checkpoint's keys. Readers that are not a section's owner (resume
+checks, tools, tests) use the typed accessors of `Checkpoint`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from trainers.checkpoint.files import CheckpointError, load_checkpoint
+from trainers.config.settings import TrainConfig, saved_settings
+
+FORMAT_PREFIX = "indextts2-gpt-trainer/"
+VERSION = 2
+FORMAT = f"{FORMAT_PREFIX}{VERSION}"
+
+_INT, _STR, _DICT, _LIST = (int,), (str,), (dict,), (list, tuple)
+# Required fields of each section and their types; a section may hold more (newer minor fields).
+FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "optim": {"optimizer": _DICT, "param_shapes": _LIST, "lr_schedule": _DICT, "scaler": _DICT,
+              "frozen_rows": (dict, type(None))},
+    "data": {"epoch": _INT, "step_in_epoch": _INT, "samples_in_epoch": _INT, "order_batch": _INT},
+    "progress": {"step": _INT, "samples_seen": _INT, "history": _LIST},
+    "rng": {"torch": (torch.Tensor,), "cuda": _LIST, "numpy": _DICT, "python": _LIST},
+    "run": {"run_id": _STR, "config": _DICT, "model_config": _DICT, "fingerprints": _DICT, "vocab": _DICT,
+            "versions": _DICT},
+    "hardware": {"machine": _STR, "micro_batch": _INT, "amp_dtype": _STR},
+}
+SECTIONS = ("model", *FIELDS)
+
+
+class SchemaError(CheckpointError):
+    """A file that loads but is not a complete checkpoint of this trainer."""
+
+
+def is_trainer_checkpoint(obj: object) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("format"), str) and obj["format"].startswith(FORMAT_PREFIX)
+
+
+def assemble(sections: Mapping[str, Any]) -> dict[str, Any]:
+    """The file contents for the components' state dicts; raises ValueError if one is malformed."""
+    problems = _problems(sections)
+    if problems:
+        raise ValueError("checkpoint sections are malformed: " + "; ".join(problems))
+    return {"format": FORMAT, **{name: sections[name] for name in SECTIONS}}
+
+
+def parse(obj: Any, path: Path) -> "Checkpoint":
+    """Validate a loaded file (migrating older formats) into a `Checkpoint`."""
+    if not is_trainer_checkpoint(obj):
+        found = obj.get("format") if isinstance(obj, dict) else None
+        raise SchemaError(path, f"not a checkpoint written by this trainer (format {found!r}); to start from an "
+                                "official gpt.pth use --base-checkpoint instead of --resume")
+    version = obj["format"][len(FORMAT_PREFIX):]
+    if version == "1":
+        sections = _from_format_1(obj, path)
+    elif version == str(VERSION):
+        sections = {name: obj.get(name) for name in SECTIONS}
+    else:
+        raise SchemaError(path, f"written in checkpoint format {obj['format']!r}, which this version of the trainer "
+                                f"does not know (it reads formats 1..{VERSION}); update the trainer")
+    problems = _problems(sections)
+    if problems:
+        raise SchemaError(path, "incomplete or malformed checkpoint: " + "; ".join(problems))
+    return Checkpoint(sections, path, int(version))
+
+
+def read(path: Path) -> "Checkpoint":
+    return parse(load_checkpoint(path), Path(path))
+
+
+def _problems(sections: Mapping[str, Any]) -> list[str]:
+    problems = []
+    model = sections.get("model")
+    if not isinstance(model, dict) or not model or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        problems.append("'model' must be a non-empty dict of tensors")
+    for name, spec in FIELDS.items():
+        section = sections.get(name)
+        if not isinstance(section, dict):
+            problems.append(f"section {name!r} is missing")
+            continue
+        for key, types in spec.items():
+            if key not in section:
+                problems.append(f"{name}.{key} is missing")
+            elif not isinstance(section[key], types) or (types == _INT and isinstance(section[key], bool)):
+                problems.append(f"{name}.{key} has type {type(section[key]).__name__}")
+    optimizer = (sections.get("optim") or {}).get("optimizer")
+    if isinstance(optimizer, dict) and not {"state", "param_groups"} <= optimizer.keys():
+        problems.append("optim.optimizer is not a torch optimizer state dict")
+    return problems
+
+
+def _from_format_1(old: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Format 1 kept every field at the top level (trainer versions up to commit f6fecff)."""
+    missing = [k for k in ("model", "optimizer", "step", "epoch", "step_in_epoch", "rng", "config") if k not in old]
+    if missing:
+        raise SchemaError(path, f"incomplete format-1 checkpoint: {', '.join(missing)} missing")
+    config = dict(old["config"])  # as saved: readers complete it with saved_settings()
+    completed = saved_settings(config)
+    batch = TrainConfig.from_dict(completed).effective_batch
+    text_rows = old["model"]["text_embedding.weight"].shape[0] if "text_embedding.weight" in old["model"] else 1
+    vocab = dict(old.get("vocab") or {})
+    vocab.setdefault("text_tokens", int(text_rows) - 1)
+    vocab.setdefault("base_text_tokens", vocab["text_tokens"])
+    schedule = old.get("scheduler") or {
+        "kind": "warmup_cosine", "base_lr": config.get("learning_rate"), "warmup_steps": config.get("warmup_steps"),
+        "decay_steps": config.get("lr_decay_steps"), "min_lr_ratio": config.get("min_lr_ratio", 0.0)}
+    return {
+        "model": old["model"],
+        "optim": {"optimizer": old["optimizer"], "param_shapes": old.get("optimizer_params", []),
+                  "lr_schedule": schedule, "scaler": old.get("scaler") or {},
+                  "frozen_rows": {"base_tokens": vocab["base_text_tokens"]} if completed["freeze_base_vocab"] else None},
+        "data": {"epoch": old["epoch"], "step_in_epoch": old["step_in_epoch"],
+                 "samples_in_epoch": old.get("samples_in_epoch", old["step_in_epoch"] * batch),
+                 "order_batch": batch},
+        "progress": {"step": old["step"], "samples_seen": old.get("samples_seen", 0),
+                     "history": old.get("metrics", [])},
+        "rng": old["rng"],
+        # Format 1 had no run identity: "" matches no other run (see trainers/run/run_dir.py).
+        "run": {"run_id": "", "config": config, "model_config": old.get("model_config", {}),
+                "fingerprints": old.get("fingerprints", {}), "vocab": vocab, "versions": old.get("versions", {})},
+        "hardware": {"machine": str(old.get("hardware") or "unknown"), "micro_batch": int(old.get("micro_batch") or 0),
+                     "amp_dtype": str(old.get("amp_dtype"))},
+    }
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A validated checkpoint in the current format, with typed access for readers."""
+
+    sections: Mapping[str, Any]
+    path: Path | None = None
+    format_version: int = VERSION
+
+    def section(self, name: str) -> Any:
+        """A component's own state dict, for its load_state_dict()."""
+        return self.sections[name]
+
+    def to_file(self) -> dict[str, Any]:
+        return assemble(self.sections)
+
+    def edited(self, section: str, **values: Any) -> "Checkpoint":
+        """A copy with fields of one section replaced (tests and benchmarks that craft checkpoints)."""
+        changed = dict(self.sections)
+        changed[section] = {**self.sections[section], **values}
+        return parse(assemble(changed), self.path or Path("<edited>"))
+
+    # -- typed accessors --
+    @property
+    def model(self) -> dict[str, torch.Tensor]:
+        return self.sections["model"]
+
+    @property
+    def optimizer(self) -> dict[str, Any]:
+        return self.sections["optim"]["optimizer"]
+
+    @property
+    def param_shapes(self) -> list[list[Any]]:
+        return [list(x) for x in self.sections["optim"]["param_shapes"]]
+
+    @property
+    def lr_schedule(self) -> dict[str, Any]:
+        return self.sections["optim"]["lr_schedule"]
+
+    @property
+    def step(self) -> int:
+        return int(self.sections["progress"]["step"])
+
+    @property
+    def samples_seen(self) -> int:
+        return int(self.sections["progress"]["samples_seen"])
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return list(self.sections["progress"]["history"])
+
+    @property
+    def epoch(self) -> int:
+        return int(self.sections["data"]["epoch"])
+
+    @property
+    def step_in_epoch(self) -> int:
+        return int(self.sections["data"]["step_in_epoch"])
+
+    @property
+    def samples_in_epoch(self) -> int:
+        return int(self.sections["data"]["samples_in_epoch"])
+
+    @property
+    def run_id(self) -> str:
+        return self.sections["run"]["run_id"]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The run's saved TrainConfig fields (see trainers.config.settings.saved_settings)."""
+        return dict(self.sections["run"]["config"])
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        return dict(self.sections["run"]["model_config"])
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        return dict(self.sections["run"]["fingerprints"])
+
+    @property
+    def text_tokens(self) -> int:
+        return int(self.sections["run"]["vocab"]["text_tokens"])
+
+    @property
+    def base_text_tokens(self) -> int:
+        return int(self.sections["run"]["vocab"]["base_text_tokens"])
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return dict(self.sections["run"]["versions"])
+
+    @property
+    def machine(self) -> str:
+        return self.sections["hardware"]["machine"]
+
+    @property
+    def micro_batch(self) -> int:
+        return int(self.sections["hardware"]["micro_batch"])
+
+    @property
+    def amp_dtype(self) -> str:
+        return self.sections["hardware"]["amp_dtype"]
+
+    @property
+    def cuda_rng_states(self) -> list[torch.Tensor]:
+        return list(self.sections["rng"]["cuda"])

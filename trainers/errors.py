@@ -1,0 +1,22 @@
+"""Errors that end a run with a documented exit status, and the statuses themselves.
+
+Kept free of heavy imports so the flag parser (and `--help`) can use it before torch loads.
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1  # a traceback is printed
+EXIT_USAGE = 2  # bad flags, data, config or run directory
+EXIT_DIVERGED = 3
+EXIT_SAVE_FAILED = 4
+EXIT_OUT_OF_MEMORY = 5
+EXIT_SIGINT = 130  # 128 + SIGINT, the shell convention
+EXIT_SIGTERM = 143  # 128 + SIGTERM
+
+
+class UserError(Exception):
+    """A problem with the user's flags, files or run directory; printed without a traceback (exit 2)."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """Saving failed (disk full, permissions); training stops rather than run on unsaved (exit 4)."""

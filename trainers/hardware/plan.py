@@ -1,0 +1,106 @@
+"""How this machine runs the run's steps: device, AMP dtype, micro-batch split, loader workers.
+
+None of it changes the result beyond float rounding, so it may change between invocations and
+machines. The "hardware" section of a checkpoint records what the last steps used, so a resume
+on another machine can say what changed.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainers.config.settings import TrainConfig
+from trainers.data.manifest import Sample
+from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
+from trainers.hardware.detect import (
+    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, split_for,
+)
+from trainers.hardware.oom_recovery import halved
+from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.training.faults import OomInjector
+
+log = logging.getLogger("train")
+
+
+@dataclass
+class HardwarePlan:
+    hardware: Hardware
+    amp_dtype: torch.dtype | None
+    split: BatchSplit  # the current split of a step; out-of-memory recovery makes it smaller
+    num_workers: int
+    workers_reason: str
+    val_batch: int
+    oom: OomInjector
+    probe: tuple[ProbeCache, ProbeKey] | None = None  # where to record a micro-batch that proved too large
+
+    @property
+    def device(self) -> torch.device:
+        return self.hardware.device
+
+    def halve_micro_batch(self, effective_batch: int, where: str, error: str) -> BatchSplit:
+        """The next split after an out-of-memory error; returns the old one (OutOfMemoryStop at 1)."""
+        old = self.split
+        self.split = split_for(effective_batch, halved(old.micro_batch, where, error),
+                               "halved after running out of memory")
+        if self.probe is not None:  # auto mode: the next resume on this machine starts at the size that worked
+            cache, key = self.probe
+            cache.store(key, self.split.micro_batch, f"halved after running out of memory at {where}")
+        return old
+
+    def halve_val_batch(self, error: str) -> None:
+        self.val_batch = halved(self.val_batch, "validation", error)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"machine": self.hardware.cache_key(), "micro_batch": self.split.micro_batch,
+                "amp_dtype": str(self.amp_dtype)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore: says what differs from the machine that wrote the checkpoint."""
+        if state["machine"] not in ("unknown", self.hardware.cache_key()):
+            log.info("hardware changed: the checkpoint was written on %s, this run is on %s; the split of each step "
+                     "into micro-batches may differ, the samples of each step do not", state["machine"],
+                     self.hardware.cache_key())
+        if state["amp_dtype"] != str(self.amp_dtype):
+            log.info("mixed precision changed from %s to %s", state["amp_dtype"], self.amp_dtype)
+
+
+def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: list[Sample],
+                  model_fingerprint: str, run_dir: Path) -> HardwarePlan:
+    amp = amp_dtype(hardware, cfg.amp)
+    oom = OomInjector.from_env()
+    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom)
+    workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
+    return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, probe)
+
+
+def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
+                 samples: list[Sample], model_fingerprint: str, run_dir: Path,
+                 oom: OomInjector) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+    """The micro-batch split: as given, else probed on this GPU (cached per machine), else the CPU size."""
+    given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
+    if given is not None:
+        return given, None
+    if not (hw.is_cuda or oom.active):
+        return split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
+    key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
+                   grad_checkpointing=cfg.grad_checkpointing, longest_text=max(s.text_len for s in samples),
+                   longest_codes=max(s.code_len for s in samples), effective_batch=cfg.effective_batch)
+    cache = ProbeCache(run_dir)
+    cached = cache.lookup(key)
+    if cached is not None:
+        return split_for(cfg.effective_batch, cached, f"auto: probed earlier on this machine, {cache.path.name}"), \
+            (cache, key)
+    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom)
+    micro = largest_fitting(fits, cfg.effective_batch)
+    if micro == 0:
+        log.warning("even a micro-batch of 1 of the longest samples (%d text, %d codes) does not fit in memory; "
+                    "trying anyway. Use --grad-checkpointing, --amp, or drop the longest samples from the manifest",
+                    key.longest_text, key.longest_codes)
+        micro = 1
+    detail = f"auto: probed on the longest samples ({key.longest_text} text, {key.longest_codes} codes)"
+    cache.store(key, micro, detail)
+    return split_for(cfg.effective_batch, micro, detail), (cache, key)

@@ -1,0 +1,49 @@
+"""Building the run's components from its resolved configuration."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from trainers.data.features import FeatureDataset, FeatureSpec
+from trainers.data.train_data import TrainData
+from trainers.model.frozen_rows import FrozenTextRows
+from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.model.weights import GPTWeights, load_base_weights
+from trainers.run.inputs import RunInputs
+from trainers.run.resolve import RunConfig
+from trainers.run.run_dir import SavedRun
+from trainers.training.optimization import Optimization
+
+log = logging.getLogger("train")
+
+
+def build_weights(cfg: RunConfig, inputs: RunInputs, resume: SavedRun | None, device: torch.device) -> GPTWeights:
+    """The model, on `device`, with the weights training continues from."""
+    model = UnifiedVoiceGPT(cfg.gpt, gradient_checkpointing=cfg.train.grad_checkpointing)
+    weights = GPTWeights(model, {})
+    if resume and resume.checkpoint:
+        weights.load_state_dict(resume.checkpoint.model, resume.path)
+    elif inputs.base_state is not None:
+        base = load_base_weights(Path(cfg.train.base_checkpoint), model, inputs.base_state)
+        weights.carried = base.carried
+        log.info("loaded --base-checkpoint %s: %d tensors carried unchanged, %d dropped", cfg.train.base_checkpoint,
+                 len(base.carried), len(base.dropped))
+    else:
+        log.warning("no --base-checkpoint: training from random weights; saved checkpoints will lack the "
+                    "conditioning encoders that inference needs")
+    model.to(device)
+    return weights
+
+
+def build_optimization(cfg: RunConfig, weights: GPTWeights, fp16: bool) -> Optimization:
+    frozen = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens) if cfg.train.freeze_base_vocab else None
+    return Optimization(weights.model, cfg.train, fp16, frozen)
+
+
+def build_data(cfg: RunConfig, inputs: RunInputs) -> tuple[TrainData, FeatureDataset | None]:
+    spec = FeatureSpec(cfg.gpt.model_dim, cfg.gpt.number_text_tokens, cfg.gpt.start_mel_token)
+    train = TrainData(inputs.train_samples, spec, cfg.train.seed, cfg.train.effective_batch)
+    val = FeatureDataset(inputs.val_samples, spec) if inputs.val_samples else None
+    return train, val

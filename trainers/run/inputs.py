@@ -1,0 +1,101 @@
+"""Reading the run's input files: model config, manifests, base checkpoint, fingerprints.
+
+Every check that can fail on the user's files runs here, before any model is built, so a bad
+flag or manifest costs seconds, never touches a run directory, and is reported all at once.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainers.config.settings import TrainConfig
+from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.data.manifest import DataLimits, ManifestError, Sample, load_manifests, manifests_fingerprint, parse_manifest_spec
+from trainers.errors import UserError
+from trainers.files import dict_sha256, file_sha256
+from trainers.model.demo_base import ensure_demo_base
+from trainers.model.gpt_model import GPTConfig
+from trainers.model.weights import StateDict, read_state_dict
+
+log = logging.getLogger("train")
+
+DEMO_DATA_DIR = "demo_data"
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    model_yaml: dict[str, Any]
+    gpt: GPTConfig
+    train_samples: list[Sample]
+    val_samples: list[Sample]
+    fingerprints: dict[str, str]
+    base_state: StateDict | None  # --base-checkpoint's tensors, read once
+
+
+def read_model_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise UserError(f"--config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"--config {path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
+        raise UserError(f"--config {path}: no 'gpt' section; pass the IndexTTS2 config.yaml")
+    return data
+
+
+def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
+    """With --demo, generate the built-in corpus, tokenizer and base checkpoint where the settings expect them."""
+    root = Path(cfg.output_dir) / DEMO_DATA_DIR
+    paths = [*cfg.train_manifests, *cfg.val_manifests, cfg.tokenizer, cfg.base_checkpoint]
+    if not cfg.demo or not any(p and Path(p).parent == root for p in paths):
+        return
+    gpt = model_yaml["gpt"]
+    ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt["model_dim"], vocab_size=gpt["number_text_tokens"],
+                                            num_codes=gpt["start_mel_token"]))
+    ensure_demo_base(root, GPTConfig.from_yaml_section(gpt))
+
+
+def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str) -> RunInputs:
+    gpt = gpt_config(model_yaml, cfg, text_tokens)
+    limits = DataLimits(gpt.max_text_tokens, gpt.max_mel_tokens)
+    try:
+        train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
+        val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
+        train_samples = load_manifests(train_specs, limits, flag="--train-manifest")
+        val_samples = load_manifests(val_specs, limits, flag="--val-manifest") if val_specs else []
+    except ManifestError as exc:
+        raise UserError(f"the manifests have problems; nothing was trained:\n{exc}") from None
+    if not val_samples:
+        log.warning("no --val-manifest given: validation is skipped; pass one to track over-fitting")
+    log.info("data: %d training samples from %d manifest(s), %d validation samples", len(train_samples),
+             len(train_specs), len(val_samples))
+    fingerprints = {
+        "data": manifests_fingerprint(train_specs),
+        "tokenizer": tokenizer_sha,
+        "model_config": dict_sha256({k: v for k, v in gpt.to_dict().items() if k != "dropout"}),
+    }
+    base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint else None
+    return RunInputs(model_yaml, gpt, train_samples, val_samples, fingerprints, base_state)
+
+
+def tokenizer_sha256(path: str) -> str:
+    return file_sha256(Path(path))
+
+
+def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int) -> GPTConfig:
+    section = model_yaml["gpt"]
+    try:
+        gpt = GPTConfig.from_yaml_section(section, number_text_tokens=text_tokens, dropout=cfg.dropout)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"--config {cfg.config}: {exc}") from None
+    configured = section.get("number_text_tokens")
+    if configured is not None and configured != text_tokens:
+        log.info("the tokenizer has %d pieces, --config says gpt.number_text_tokens %s: the model uses %d",
+                 text_tokens, configured, text_tokens)
+    return gpt

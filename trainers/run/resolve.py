@@ -1,0 +1,199 @@
+"""Flags + the saved run + defaults -> the run's configuration, resolved once, before any model is built.
+
+Order: built-in defaults < demo defaults (with --demo) < the settings saved with the run being
+resumed < flags typed on this command line. Hardware-only settings are reused from the saved run
+only on the same kind of machine. Values derived from the data and the checkpoints (freezing
+the base vocabulary, the LR decay horizon, a weights-only start) are decided here too; nothing
+downstream changes the result.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from trainers.config.flags import CommandLine
+from trainers.config.settings import DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, TrainConfig
+from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
+from trainers.errors import UserError
+from trainers.hardware.detect import library_versions
+from trainers.model.demo_base import BASE_NAME
+from trainers.model.gpt_model import GPTConfig
+from trainers.model.vocabulary import Vocabulary, check_extends, tokenizer_size
+from trainers.model.weights import text_tokens_of
+from trainers.run.inputs import (
+    DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
+)
+from trainers.run.run_dir import SavedRun, newest_checkpoint
+
+log = logging.getLogger("train")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines the run; the "run" section of a checkpoint."""
+
+    train: TrainConfig
+    gpt: GPTConfig
+    run_dir: Path
+    run_id: str
+    vocab: Vocabulary
+    fingerprints: dict[str, str]
+    model_yaml: dict[str, Any]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "config": self.train.to_dict(), "model_config": self.gpt.to_dict(),
+                "fingerprints": dict(self.fingerprints), "vocab": self.vocab.to_dict(), "versions": library_versions()}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    cfg: RunConfig
+    inputs: RunInputs
+    resume: SavedRun | None  # the run whose training state continues (None: step 0)
+
+
+def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str) -> Resolution:
+    settings = merge_settings(cmd, saved, run_dir, machine)
+    model_yaml = read_model_yaml(settings.config)
+    ensure_demo_inputs(settings, model_yaml)
+    text_tokens = tokenizer_size(settings.tokenizer)
+    if saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
+        settings = _weights_only_start(cmd, settings, saved, text_tokens)
+        saved = None
+    inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer))
+    if saved and saved.checkpoint:
+        base_tokens = saved.checkpoint.base_text_tokens
+    elif inputs.base_state is not None:
+        base_tokens = text_tokens_of(inputs.base_state, Path(settings.base_checkpoint))
+    else:
+        base_tokens = text_tokens
+    vocab = Vocabulary(text_tokens, base_tokens)
+    freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
+    train = replace(settings, freeze_base_vocab=freeze,
+                    lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, len(inputs.train_samples)))
+    run_id = (saved.run_id if saved else "") or new_run_id()
+    return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
+                      inputs, saved)
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+def planned_steps(cfg: TrainConfig, num_samples: int) -> int:
+    """Steps of --epochs over the data, or --max-steps if that comes first."""
+    by_epochs = cfg.epochs * math.ceil(num_samples / cfg.effective_batch)
+    return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
+
+
+def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str) -> TrainConfig:
+    values: dict[str, Any] = {}
+    demo = cmd.given.get("demo", bool(saved and saved.settings.get("demo")))
+    if demo:
+        values.update(DEMO_DEFAULTS)
+        values["config"] = str(REPO_ROOT / DEMO_DEFAULTS["config"])
+        root = run_dir / DEMO_DATA_DIR
+        values.update(train_manifests=[str(root / TRAIN_MANIFEST_NAME)], val_manifests=[str(root / VAL_MANIFEST_NAME)],
+                      tokenizer=str(root / TOKENIZER_NAME), base_checkpoint=str(root / BASE_NAME))
+    else:
+        values["config"] = str(REPO_ROOT / TrainConfig.config)
+    if saved:
+        values.update({k: v for k, v in saved.settings.items() if k not in HARDWARE_KEYS})
+        values.update(_saved_hardware_settings(saved, machine, cmd.given))
+    values.update(_given_batch_split(cmd.given))
+    values["output_dir"] = str(run_dir)
+    cfg = TrainConfig.from_dict({k: v for k, v in values.items() if k in FIELD_NAMES})
+    check_values(cfg)
+    return cfg
+
+
+def _saved_hardware_settings(saved: SavedRun, machine: str, given: dict[str, Any]) -> dict[str, Any]:
+    """How the saved run split its steps, loaded its data and chose its device: reused only on the
+    same kind of machine, and never over a flag typed now."""
+    chosen = {k: v for k, v in saved.settings.items() if k in HARDWARE_KEYS and v != getattr(TrainConfig, k)}
+    if {"batch_size", "grad_accumulation"} & given.keys():  # a new split replaces the whole saved one
+        chosen = {k: v for k, v in chosen.items() if k not in ("batch_size", "grad_accumulation")}
+    chosen = {k: v for k, v in chosen.items() if k not in given}
+    if not chosen:
+        return {}
+    flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in sorted(chosen.items()))
+    if saved.machine == machine:
+        log.info("reusing %s saved with this run (same machine: %s); pass the flag again to change it, 0 or auto "
+                 "for the automatic choice", flags, machine)
+        return chosen
+    log.info("not reusing %s: the run saved it on %s, this is %s; choosing automatically (pass the flags to set them)",
+             flags, saved.machine or "an unknown machine", machine)
+    return {}
+
+
+def _given_batch_split(given: dict[str, Any]) -> dict[str, Any]:
+    """The typed flags, with the batch split completed so it never contradicts the effective batch.
+
+    Giving one of --batch-size / --grad-accumulation makes the other one derived (auto), so a
+    resumed run may change its split freely. Giving both without --effective-batch sets the
+    effective batch to their product, as in the community trainer.
+    """
+    given = dict(given)
+    micro, accum = given.get("batch_size"), given.get("grad_accumulation")
+    if micro is not None and accum is None:
+        given["grad_accumulation"] = 0
+    if accum is not None and micro is None:
+        given["batch_size"] = 0
+    if micro and accum:
+        if "effective_batch" not in given:
+            given["effective_batch"] = micro * accum
+        elif micro * accum != given["effective_batch"]:
+            raise UserError(f"--batch-size {micro} x --grad-accumulation {accum} = {micro * accum} samples per step, "
+                            f"but --effective-batch is {given['effective_batch']}; give two of the three, not all")
+    return given
+
+
+def check_values(cfg: TrainConfig) -> None:
+    for name in ("effective_batch", "epochs"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("batch_size", "grad_accumulation", "max_steps", "warmup_steps", "lr_decay_steps", "num_workers",
+                 "val_interval", "max_val_batches", "save_interval", "keep_checkpoints", "val_batch_size"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"--{name.replace('_', '-')} must not be negative, got {getattr(cfg, name)}")
+    if cfg.log_interval < 1:
+        raise UserError(f"--log-interval must be at least 1, got {cfg.log_interval}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.learning_rate <= 0:
+        raise UserError(f"--learning-rate must be positive, got {cfg.learning_rate}")
+    if not cfg.demo:
+        if not cfg.train_manifests:
+            raise UserError("no training data: pass --train-manifest FILE (or --demo for the built-in corpus)")
+        if not cfg.tokenizer:
+            raise UserError("no tokenizer: pass --tokenizer bpe.model (the SentencePiece model your text ids came from)")
+
+
+def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, text_tokens: int) -> TrainConfig:
+    """A checkpoint of another vocabulary size starts a new run from its weights, at step 0.
+
+    Its optimizer moments, schedule and data position belong to a different set of trained
+    rows and a different run, so they are dropped rather than half-reused.
+    """
+    assert saved.checkpoint is not None and saved.path is not None
+    old = saved.checkpoint.text_tokens
+    run_dir = Path(cfg.output_dir)
+    found = newest_checkpoint(run_dir)
+    if found is not None:
+        raise UserError(
+            f"the tokenizer has {text_tokens} pieces but {saved.path} was trained with {old} text tokens, so training "
+            f"starts over at step 0 from its weights; {run_dir} already holds a run ({found.name}) that this would "
+            "overwrite. Pass a new --output-dir (nothing was changed)")
+    check_extends(saved.settings.get("tokenizer"), cfg.tokenizer, saved.path)
+    log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens: starting a NEW run at step 0 "
+                "from its model weights only (fresh optimizer, learning-rate schedule and loss scaler; data order from "
+                "the start). If you meant to continue that run, pass the tokenizer it was trained with", text_tokens,
+                saved.path, old)
+    rederived = {k: getattr(TrainConfig, k) for k in ("lr_decay_steps", "freeze_base_vocab") if k not in cmd.given}
+    return replace(cfg, base_checkpoint=str(saved.path), **rederived)

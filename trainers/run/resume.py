@@ -1,0 +1,60 @@
+"""Continuing a saved run: refusing changes that would alter the result, then restoring the components."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from trainers.checkpoint import schema
+from trainers.config.flags import CommandLine
+from trainers.config.settings import TrainConfig, compare, saved_settings
+from trainers.errors import UserError
+from trainers.hardware.detect import library_versions
+from trainers.run.resolve import RunConfig
+
+log = logging.getLogger("train")
+
+
+def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> None:
+    """Log every difference from the saved run; stop on those that would change the result.
+
+    Runs before the model is built, so a wrong flag costs seconds and touches nothing.
+    """
+    saved = TrainConfig.from_dict(saved_settings(ckpt.settings))
+    changes = compare(saved, cfg.train, ckpt.fingerprints, cfg.fingerprints)
+    for change in changes:
+        log.info("setting differs from the saved run: %s", change.describe())
+    breaking = [c for c in changes if c.breaks_exactness]
+    if not breaking or cmd.allow_config_change:
+        return
+    lines = [f"resuming {path} with these changes would not reproduce the uninterrupted run:",
+             *[f"  {c.describe()}" for c in breaking]]
+    if any(c.key == "tokenizer" for c in breaking):
+        lines.append(
+            f"  the tokenizer file differs from the one this run was trained with: the manifests' text ids and the "
+            f"rows of text_embedding mean the pieces of that tokenizer, so training on with another one would "
+            f"teach the model wrong text. Pass --tokenizer with the original file (the run used {saved.tokenizer})")
+    if any(c.key == "effective_batch" for c in breaking):
+        lines.append(
+            f"  the effective batch is a hyperparameter of the run ({saved.effective_batch} samples per step); "
+            "change only --batch-size or --grad-accumulation to fit other hardware, the other one is derived")
+    lines.append("restore the original flags/files, or pass --allow-config-change to continue anyway")
+    raise UserError("\n".join(lines))
+
+
+def restore(components: dict[str, Any], ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> None:
+    """Load every component but the model (loaded when it was built) from the checkpoint."""
+    optim = components["optim"]
+    problems = optim.resume_problems(ckpt.section("optim"))
+    if problems and not cmd.force_resume:
+        raise UserError("\n".join([f"{path} fails the resume checks:", *[f"  {p}" for p in problems],
+                                   "pass --force-resume to continue anyway (the result will differ)"]))
+    for p in problems:
+        log.warning("continuing despite a failed resume check (--force-resume): %s", p)
+    if not problems:
+        optim.load_state_dict(ckpt.section("optim"), ckpt.step)
+    for name in ("data", "progress", "rng", "hardware"):
+        components[name].load_state_dict(ckpt.section(name))
+    if ckpt.versions != library_versions():
+        log.warning("library versions differ from the saved run (%s now %s): results stay correct but may not be "
+                    "bit-identical to an uninterrupted run", ckpt.versions, library_versions())

@@ -1,0 +1,126 @@
+"""The run directory: which run it holds, what to continue, and the files written beside the checkpoints.
+
+    model_step{N}.pth, latest.pth   checkpoints (trainers/checkpoint)
+    run_config.json                 the resolved settings, written before the first step, so a run
+                                    killed before its first checkpoint restarts with them
+    config.yaml                     the IndexTTS2 config for inference, with this run's vocabulary
+    micro_batch_probe.json          the measured micro-batch per machine (trainers/hardware)
+    logs/, sample_ids.tsv           TensorBoard events, the optional per-step sample record
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainers.checkpoint import schema
+from trainers.checkpoint.files import CheckpointError, CheckpointManager
+from trainers.config.flags import CommandLine
+from trainers.config.settings import TrainConfig, saved_settings
+from trainers.errors import UserError
+from trainers.files import write_text_atomically
+
+log = logging.getLogger("train")
+
+RUN_CONFIG_NAME = "run_config.json"
+INFERENCE_CONFIG_NAME = "config.yaml"
+DEMO_OUTPUT_DIR = "runs/demo"
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """The run being continued: a checkpoint, or the settings of a run killed before its first one."""
+
+    settings: dict[str, Any]  # TrainConfig fields as saved, completed for older trainer versions
+    machine: str | None  # the hardware key of the machine that wrote it
+    run_id: str = ""  # "" for runs written before runs had an identity
+    checkpoint: schema.Checkpoint | None = None
+    path: Path | None = None
+
+
+def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume (None: start fresh)."""
+    given_dir = cmd.given.get("output_dir")
+    if cmd.resume not in (None, "auto"):
+        path = Path(cmd.resume)
+        if not path.is_file():
+            raise UserError(f"--resume {cmd.resume}: no such file; use --resume auto to continue OUTPUT_DIR/latest.pth")
+        return Path(given_dir) if given_dir else path.resolve().parent, path
+    default_dir = DEMO_OUTPUT_DIR if cmd.given.get("demo") else TrainConfig.output_dir
+    run_dir = Path(given_dir or os.path.abspath(default_dir))
+    found = newest_checkpoint(run_dir)
+    if cmd.resume == "auto":
+        if found is None:
+            log.info("--resume auto: no checkpoint in %s, starting fresh", run_dir)
+        return run_dir, found
+    if found is not None:
+        raise UserError(
+            f"{run_dir} already holds a run ({found.name}); pass --resume auto to continue it, "
+            "or choose another --output-dir (nothing was changed)"
+        )
+    return run_dir, None
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    return CheckpointManager(run_dir, keep=0).find_resume() if run_dir.is_dir() else None
+
+
+def read_saved_run(run_dir: Path, checkpoint: Path | None, resume: str | None) -> SavedRun | None:
+    if checkpoint is not None:
+        try:
+            ckpt = schema.read(checkpoint)
+        except CheckpointError as exc:
+            raise UserError(str(exc)) from None
+        log.info("resuming from %s (step %d, epoch %d, step %d of that epoch)", checkpoint, ckpt.step, ckpt.epoch,
+                 ckpt.step_in_epoch)
+        return SavedRun(saved_settings(ckpt.settings), ckpt.machine, ckpt.run_id, ckpt, checkpoint)
+    if resume == "auto":
+        return _unsaved_run(run_dir)
+    return None
+
+
+def _unsaved_run(run_dir: Path) -> SavedRun | None:
+    """A run killed before its first checkpoint restarts from step 0 with its saved settings."""
+    path = run_dir / RUN_CONFIG_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        settings = data["config"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"{path} is unreadable ({exc}); pass the training flags again, or delete it") from None
+    log.info("--resume auto: %s has no checkpoint yet; starting from step 0 with the settings in %s",
+             run_dir, RUN_CONFIG_NAME)
+    return SavedRun(saved_settings(settings), data.get("machine"), str(data.get("run_id") or ""))
+
+
+def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str) -> None:
+    """The resolved settings as JSON, for a resume before the first checkpoint and for people."""
+    data = {**run_section, "machine": machine}
+    write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
+                           tokenizer: str) -> None:
+    """config.yaml for inference: the user's config with the vocabulary of this run."""
+    data = dict(model_yaml)
+    data["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
+    path = run_dir / INFERENCE_CONFIG_NAME
+    write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
+    bpe = (data.get("dataset") or {}).get("bpe_model")
+    if extended and bpe and Path(bpe).name != Path(tokenizer).name:
+        log.info("for inference, point dataset.bpe_model in %s (now %s) at the extended tokenizer %s", path, bpe,
+                 tokenizer)
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create the directory and remove what a killed save left behind."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    removed = CheckpointManager(run_dir, keep=0).clean_stale_temporaries()
+    if removed:
+        log.info("removed %d unfinished checkpoint file(s) left by an interrupted save", len(removed))

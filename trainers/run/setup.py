@@ -1,0 +1,109 @@
+"""Everything before the first step: `setup_run` turns the command line into a ready `Run`.
+
+Every check that can fail on the user's input runs before the model is built, so a bad flag,
+manifest or resume costs seconds and never touches an existing run directory's checkpoints.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.config.flags import CommandLine
+from trainers.data.features import FeatureDataset
+from trainers.data.train_data import TrainData
+from trainers.hardware.detect import detect_hardware, make_deterministic, pick_device
+from trainers.hardware.plan import HardwarePlan, plan_hardware
+from trainers.model.weights import GPTWeights
+from trainers.run.build import build_data, build_optimization, build_weights
+from trainers.run.resolve import RunConfig, resolve_run
+from trainers.run.resume import refuse_breaking_changes, restore
+from trainers.run.run_dir import locate_run, prepare_run_dir, read_saved_run, write_inference_config, write_run_config
+from trainers.training.optimization import Optimization
+from trainers.training.progress import TrainingProgress
+from trainers.training.rng import ProcessRNG
+
+log = logging.getLogger("train")
+
+
+@dataclass
+class Run:
+    """The run's components; each owns its state and its section of the checkpoint."""
+
+    cfg: RunConfig
+    weights: GPTWeights
+    optim: Optimization
+    data: TrainData
+    val_set: FeatureDataset | None
+    progress: TrainingProgress
+    hw: HardwarePlan
+    checkpoints: Checkpointer
+    total_steps: int  # where this invocation stops: --max-steps or the end of --epochs, whichever is first
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.weights.model
+
+
+def setup_run(cmd: CommandLine) -> Run:
+    run_dir, checkpoint = locate_run(cmd)
+    saved = read_saved_run(run_dir, checkpoint, cmd.resume)
+    machine = detect_hardware(pick_device(cmd.given.get("device", "auto")))
+    resolution = resolve_run(cmd, run_dir, saved, machine.cache_key())
+    cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
+    same_device = cfg.train.device in ("auto", cmd.given.get("device"))
+    hardware = machine if same_device else detect_hardware(pick_device(cfg.train.device))
+    if resume and resume.checkpoint:
+        refuse_breaking_changes(cfg, resume.checkpoint, resume.path, cmd)
+    if cfg.train.deterministic:
+        make_deterministic()
+
+    weights = build_weights(cfg, inputs, resume, hardware.device)
+    hw = plan_hardware(cfg.train, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
+                       run_dir)
+    optim = build_optimization(cfg, weights, fp16=hw.amp_dtype == torch.float16)
+    data, val_set = build_data(cfg, inputs)
+    progress = TrainingProgress()
+    components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
+                                  "rng": ProcessRNG(), "run": cfg, "hardware": hw}
+    if resume and resume.checkpoint:
+        restore(components, resume.checkpoint, resume.path, cmd)
+
+    prepare_run_dir(run_dir)
+    write_run_config(run_dir, cfg.state_dict(), machine.cache_key())
+    write_inference_config(run_dir, cfg.model_yaml, cfg.vocab.text_tokens, cfg.vocab.extended, cfg.train.tokenizer)
+    end_of_epochs = progress.step + data.steps_left(cfg.train.epochs)
+    total = min(cfg.train.max_steps, end_of_epochs) if cfg.train.max_steps else end_of_epochs
+    run = Run(cfg, weights, optim, data, val_set, progress, hw, Checkpointer(run_dir, cfg.train.keep_checkpoints,
+                                                                            components), total)
+    log_summary(run)
+    return run
+
+
+def log_summary(run: Run) -> None:
+    cfg, vocab, hw = run.cfg.train, run.cfg.vocab, run.hw
+    n_train = sum(p.numel() for p in run.optim.params)
+    log.info("model: %d layers, dim %d, %d text tokens; %.1fM trained parameters, %d carried tensors",
+             run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, n_train / 1e6,
+             len(run.weights.carried))
+    if run.optim.frozen:
+        log.info("vocabulary: %d text tokens, base %d; the %d base rows of text_embedding and text_head are frozen "
+                 "(--no-freeze-base-vocab trains them too)", vocab.text_tokens, vocab.base_text_tokens,
+                 run.optim.frozen.rows)
+    elif vocab.extended:
+        log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
+                 vocab.text_tokens, vocab.base_text_tokens)
+    log.info("hardware: %s", hw.hardware.describe())
+    log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch",
+             cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation, hw.split.reason,
+             run.data.steps_per_epoch)
+    amp_why = ("bf16: supported by this GPU" if hw.amp_dtype == torch.bfloat16 else
+               "fp16 with loss scaling: this GPU has no bf16" if hw.amp_dtype == torch.float16 else
+               "pass --amp for bf16/fp16 on CUDA" if hw.hardware.is_cuda else "CPU")
+    log.info("data workers %d (%s); amp %s (%s)", hw.num_workers, hw.workers_reason,
+             str(hw.amp_dtype).replace("torch.", "") if hw.amp_dtype else "off", amp_why)
+    log.info("run directory %s; training to step %d (lr decay horizon %d)", run.cfg.run_dir, run.total_steps,
+             cfg.lr_decay_steps)
