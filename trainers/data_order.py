@@ -51,15 +51,19 @@ def steps_per_epoch(num_samples: int, effective_batch: int) -> int:
 # token around each of text and codes.
 PREFIX_POSITIONS = 34
 
-# Grouped order: steps are formed inside windows of this many steps of the shuffled epoch.
-# A step then spans about 1/GROUP_WINDOW_STEPS of the window's length quantiles. What grouping
-# changes in a step's statistics (how its length, hence token count, varies from step to
-# step) is already almost all there from about 4 steps per window on, while padding keeps
-# shrinking up to ~32 (benchmarks/padding.py: >= 0.95 real/padded slots even when a step is
-# a single micro-batch). Keeping the window far below a typical epoch keeps a sample's
-# step-mates random from epoch to epoch: they are its nearest lengths among a fresh random
-# window, not among the whole corpus. Changing this value changes every grouped order.
-GROUP_WINDOW_STEPS = 32
+# Grouped order: steps are formed inside windows of this many steps of the shuffled epoch, so
+# a step spans about 1/GROUP_WINDOW_STEPS of its window's length quantiles. The window trades
+# padding against how random a step's make-up stays (benchmarks/padding.py prints both):
+# * padding shrinks as the window grows; at 16 steps the synthetic TTS distribution keeps
+#   >= 0.95 real/padded token slots for micro-batches of up to half a step, >= 0.90 for one;
+# * a sample's step-mates are its nearest lengths among its window, a fresh random subset of
+#   the epoch, so the share of step-mates that meet again next epoch grows like window/epoch
+#   (~0.07 for 4,000 samples at E=32, against ~0.8 when a whole epoch is sorted); a smaller
+#   window keeps grouped steps closer to random ones;
+# * how much a step's total length varies from step to step (what grouping changes in its
+#   statistics) is nearly the same for any window from ~4 steps on.
+# Changing this value changes every grouped order, so runs that resume depend on it.
+GROUP_WINDOW_STEPS = 16
 
 
 def packed_lengths(text_lens, code_lens) -> np.ndarray:
@@ -78,23 +82,26 @@ def epoch_order(seed: int, epoch: int, num_samples: int) -> np.ndarray:
     return _epoch_rng(seed, epoch).permutation(num_samples)
 
 
-def grouped_epoch_order(seed: int, epoch: int, lengths: np.ndarray, effective_batch: int) -> np.ndarray:
+def grouped_epoch_order(seed: int, epoch: int, lengths: np.ndarray, effective_batch: int,
+                        window_steps: int = GROUP_WINDOW_STEPS) -> np.ndarray:
     """Flat order of one epoch whose steps (flat[k*E:(k+1)*E]) each hold samples of similar length.
 
     1. Shuffle: the same permutation as epoch_order(seed, epoch, N).
     2. Its last N mod E samples form the short step, kept as the epoch's last: a random set,
        not the tail of a sorted window (which would always be that window's longest samples).
-    3. The rest is cut into windows of GROUP_WINDOW_STEPS * E samples; each window is sorted
+    3. The rest is cut into windows of window_steps * E samples; each window is sorted
        by length (stable, so equal lengths keep their random order) and cut into steps of E.
     4. The full steps are shuffled with the same generator, so a step's length band tells
        nothing about where it falls in the epoch.
     """
+    if window_steps < 1:
+        raise ValueError(f"window_steps must be at least 1, not {window_steps}")
     n, batch = len(lengths), effective_batch
     rng = _epoch_rng(seed, epoch)
     order = rng.permutation(n)  # drawn first: identical to epoch_order(seed, epoch, n)
     full = n - n % batch
     body, short = order[:full], order[full:]
-    window = np.arange(full) // (GROUP_WINDOW_STEPS * batch)
+    window = np.arange(full) // (window_steps * batch)
     body = body[np.lexsort((lengths[body], window))]  # by window, then length; lexsort is stable
     steps = body.reshape(-1, batch)[rng.permutation(full // batch)]
     return np.concatenate([steps.reshape(-1), short])
