@@ -123,9 +123,10 @@ def step_mates_kept(lengths: np.ndarray, seed: int, window: int) -> float:
 
 
 def describe(name: str, lengths: np.ndarray) -> str:
-    q = np.percentile(lengths, [0, 10, 50, 90, 100]).astype(int).tolist()
-    return (f"{name}: {len(lengths)} samples, packed length min/p10/median/p90/max {q[0]}/{q[1]}/{q[2]}/{q[3]}/{q[4]}, "
-            f"{-(-len(lengths) // EFFECTIVE_BATCH)} steps of {EFFECTIVE_BATCH} (last {len(lengths) % EFFECTIVE_BATCH or EFFECTIVE_BATCH})")
+    q = "/".join(str(x) for x in np.percentile(lengths, [0, 10, 50, 90, 100]).astype(int).tolist())
+    n, batch = len(lengths), EFFECTIVE_BATCH
+    return (f"{name}: {n} samples, packed length min/p10/median/p90/max {q}, "
+            f"{-(-n // batch)} steps of {batch} (last {n % batch or batch})")
 
 
 def main() -> int:

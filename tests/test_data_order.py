@@ -96,7 +96,8 @@ def test_plain_order_is_byte_identical_to_the_order_before_grouping():
         perm = np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n).tolist()
         steps = [perm[k:k + batch] for k in range(0, n, batch)]
         expected = [[step[i:i + micro] for i in range(0, len(step), micro)] for step in steps]
-        assert [p.micro_batches for p in DataOrder(seed, n, batch, grouped=False).plan_epoch(epoch, 0, micro)] == expected
+        plans = DataOrder(seed, n, batch, grouped=False).plan_epoch(epoch, 0, micro)
+        assert [p.micro_batches for p in plans] == expected
 
 
 # --- grouped order ------------------------------------------------------------------------------
