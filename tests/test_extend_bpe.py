@@ -524,3 +524,31 @@ def test_same_inputs_give_the_same_bytes(assets: Assets, extended: Extended, tmp
     assert run_tool(extend_args(assets, extended.kind, tmp_path, target, manifest)) == 0
     assert (tmp_path / "ext.model").read_bytes() == extended.model.read_bytes()
     assert (tmp_path / "ext.vocab").read_bytes() == extended.vocab.read_bytes()
+
+
+# ----------------------------------------------------------------------------- lower-case base
+
+def train_lowercase_base(path: Path) -> Path:
+    """A base trained on text that was NOT upper-cased: it has 'a'..'z' but no 'A'..'Z'."""
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(english_lines(1, ENGLISH_TRAIN_SENTENCES, ENGLISH_WORDS)),
+        model_writer=buffer, model_type="bpe", vocab_size=BASE_VOCAB, character_coverage=1.0,
+        num_threads=1, input_sentence_size=0, shuffle_input_sentence=False,
+        bos_id=0, eos_id=1, unk_id=2, pad_id=-1, minloglevel=2)
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def test_lowercase_base_refusal_exits_2_and_explains_the_upper_casing(assets: Assets, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """IndexTTS2 upper-cases text, so with a lower-case base the corpus's Latin letters ('OK', the
+    English lines) count as new characters, and their pieces change how upper-cased base-language
+    lines tokenize. That is a problem with the inputs: status 2, the cause and the remedy."""
+    base = train_lowercase_base(tmp_path / "lower.model")
+    args = extend_args(assets, "bpe", tmp_path, BASE_VOCAB + 150)
+    args[1] = base
+    err = assert_refused(args, tmp_path, capsys, "tokenize differently", "Cause: the base model was trained on "
+                         "text that was not upper-cased", "'a' but not 'A'", "IndexTTS2 upper-cases text",
+                         "Remedy: extend a base model trained on upper-cased text")
+    assert err.startswith("warning: ") and "has lower-case letters and no upper-case ones" in err.splitlines()[0]

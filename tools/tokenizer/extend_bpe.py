@@ -24,8 +24,16 @@ see, such as lower-case letters, would be wasted ids.
 Manifests: files ending in .jsonl or .json are JSON Lines with a string "text" field on every
 non-blank line; any other file is plain text, one sentence per non-blank line.
 
-Exit status: 0 success, 1 the extended model failed a self-check (nothing written),
-2 a usage or input problem (message on stderr as "error: ...", nothing written).
+Base models trained on text that was not upper-cased (lower-case letters, no upper-case ones)
+do not fit IndexTTS2: at runtime every Latin letter reaches them upper-cased and becomes <unk>,
+and the upper-case letters of the corpus count as new characters, whose pieces then change the
+ids of (upper-cased) base-language lines. The base-language check refuses such an extension
+and says so; the remedy is a base trained on upper-cased text, like the official bpe.model.
+
+Exit status: 0 success, 1 the extended model failed a self-check that no input should be
+able to trigger (an internal error; nothing written), 2 a usage or input problem, including
+a base model and corpus that would change base-language ids (message on stderr as
+"error: ...", nothing written).
 """
 from __future__ import annotations
 
@@ -512,6 +520,54 @@ def changed_lines(base_sp: spm.SentencePieceProcessor, new_sp: spm.SentencePiece
     return [line for line, a, b in zip(upper, old, new) if a != b]
 
 
+def upper_case_gaps(base: BaseModel) -> dict[str, str]:
+    """Base characters whose upper-case form holds a character the base has no piece for,
+    mapped to that form ({'a': 'A'} for a base trained on lower-case text)."""
+    return {c: c.upper() for c in sorted(base.covered)
+            if c.upper() != c and any(base.is_new(u) for u in c.upper())}
+
+
+def looks_lower_case(base: BaseModel) -> bool:
+    """The base has cased letters, all lower-case: it was trained on text that was not upper-cased."""
+    cased = [c for c in base.covered if c.isupper() or c.islower()]
+    return bool(cased) and not any(c.isupper() for c in cased)
+
+
+def explain_changed_lines(base: BaseModel, changed: Sequence[str]) -> str | None:
+    """Why base-language lines change, and what to do; None if no input explains it.
+
+    The appended pieces all hold a character the base has no piece for, so a line can only
+    change if it holds one. Check lines are made of base text, so such characters come from
+    IndexTTS2's upper-casing: upper-case forms the base lacks (a lower-case base lacks them all)."""
+    seen = sorted({c for line in changed for c in runtime_text(base.sp, line) if base.is_new(c)})
+    if not seen:
+        return None
+    gaps = upper_case_gaps(base)
+    from_upper = [c for c in seen if any(c in up for up in gaps.values())]
+    if not from_upper:
+        return (f"Cause: these lines hold characters the base model has no piece for ({_chars(seen)}), and the "
+                "extension adds pieces for them. Remedy: remove those characters from --manifests, or extend a "
+                "base model that has pieces for them.")
+    lows = [low for low, up in gaps.items() if any(c in up for c in from_upper)]
+    examples = ", ".join(f"{low!r} but not {gaps[low]!r}" for low in lows[:MAX_CHANGED_LINES_SHOWN])
+    if looks_lower_case(base):
+        what = ("the base model was trained on text that was not upper-cased: it has lower-case letters and no "
+                f"upper-case ones ({examples})")
+    else:
+        what = f"the base model has characters whose upper-case form it lacks ({examples})"
+    return (f"Cause: {what}. IndexTTS2 upper-cases text before tokenizing, so at runtime the base turns these "
+            f"letters into <unk>; the upper-case letters of --manifests ({_chars(from_upper)}) count as new "
+            "characters, and their new pieces change the ids of upper-cased base-language lines. Remedy: extend a "
+            "base model trained on upper-cased text, as the official checkpoints/bpe.model is (retrain yours from "
+            "upper-cased text); or, if you need only the new script, remove text in these letters from --manifests "
+            "so no piece is added for them.")
+
+
+def _chars(chars: Sequence[str], limit: int = 20) -> str:
+    shown = " ".join(repr(c) for c in chars[:limit])
+    return shown + (f" and {len(chars) - limit} more" if len(chars) > limit else "")
+
+
 def verify_model_file(path: Path, base: BaseModel, expected_size: int) -> None:
     """The written file loads in sentencepiece, and its first base-size pieces are the base's."""
     try:
@@ -658,8 +714,13 @@ def check_extended(cfg: ExtendConfig, base: BaseModel, corpus: Corpus, plan: Pla
     changed = changed_lines(base.sp, new_sp, check)
     if changed:
         shown = "; ".join(repr(line) for line in changed[:MAX_CHANGED_LINES_SHOWN])
-        raise VerificationError(f"{len(changed)} of {len(check)} base-language lines tokenize differently "
-                                f"with the extended model (nothing written): {shown}")
+        summary = (f"{len(changed)} of {len(check)} base-language lines tokenize differently "
+                   f"with the extended model (nothing written): {shown}")
+        cause = explain_changed_lines(base, changed)
+        if cause is None:  # every character has a base piece: the construction should make this impossible
+            raise VerificationError(f"{summary}. Their characters all have base pieces, so this is a fault in "
+                                    "extend_bpe itself; please report it with the base model and the corpus")
+        raise UserError(f"{summary}. {cause}")
     return ExtendReport(
         base_model=str(cfg.base_model), output_model=str(cfg.output_model), output_vocab=str(cfg.output_vocab),
         model_type=proto.MODEL_TYPE_NAMES[base.proto.model_type], base_size=base.size,
@@ -692,6 +753,10 @@ def extend(cfg: ExtendConfig) -> ExtendReport:
         raise UserError(f"--target-size {cfg.target_size} must be larger than the base model's "
                         f"{base.size} pieces ({cfg.base_model}); it is the total size of the extended model, "
                         "base pieces included")
+    if looks_lower_case(base):
+        log.warning("the base model %s has lower-case letters and no upper-case ones, but IndexTTS2 upper-cases "
+                    "text before tokenizing: at runtime it turns Latin letters into <unk>. Use a base trained on "
+                    "upper-cased text (as the official bpe.model is)", cfg.base_model)
     corpus = read_corpus(cfg, base)
     log.info("base model %s: %s, %d pieces, byte fallback %s; corpus: %d lines from %d file(s)", cfg.base_model,
              proto.MODEL_TYPE_NAMES[base.proto.model_type], base.size, "on" if base.proto.byte_fallback else "off",
