@@ -250,9 +250,9 @@ def test_orders_compare_by_their_lengths():
 
 
 def test_packed_lengths_match_the_model_and_the_manifest_check():
-    from trainers.model.layout import PREFIX_LEN
     from trainers.data.manifest import DataLimits
+    from trainers.model.layout import PREFIX_LEN
 
     limits = DataLimits(max_text_tokens=200, max_mel_tokens=1500)
-    assert data_order.PREFIX_POSITIONS == PREFIX_LEN == limits.prefix_len
+    assert PREFIX_LEN == limits.prefix_len == 34
     assert packed_lengths([10, 200], [50, 1500]).tolist() == [limits.positions(10, 50), limits.positions(200, 1500)]

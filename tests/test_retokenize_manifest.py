@@ -15,8 +15,8 @@ import pytest
 import sentencepiece as spm
 import yaml
 
-from trainers.demo_data import DemoCorpusSpec, ensure_demo_assets
-from trainers.manifest import DataLimits, ManifestSpec, load_manifests
+from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.data.manifest import DataLimits, ManifestSpec, load_manifests
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS_DIR = REPO / "tools" / "tokenizer"

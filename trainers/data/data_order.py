@@ -25,6 +25,8 @@ from typing import Iterator
 
 import numpy as np
 
+from trainers.model.layout import PREFIX_LEN
+
 
 @dataclass(frozen=True)
 class Position:
@@ -46,11 +48,6 @@ def steps_per_epoch(num_samples: int, effective_batch: int) -> int:
     return math.ceil(num_samples / effective_batch)
 
 
-# Sequence positions a sample takes in the model's packed layout besides its text and codes:
-# 32 conditioning latents + 2 speed embeddings (gpt_model.PREFIX_LEN), and a start and a stop
-# token around each of text and codes.
-PREFIX_POSITIONS = 34
-
 # Grouped order: steps are formed inside windows of this many steps of the shuffled epoch, so
 # a step spans about 1/GROUP_WINDOW_STEPS of its window's length quantiles. The window trades
 # padding against how random a step's make-up stays; benchmarks/padding.py prints both, for
@@ -67,10 +64,11 @@ GROUP_WINDOW_STEPS = 16
 
 
 def packed_lengths(text_lens, code_lens) -> np.ndarray:
-    """Packed sequence length of each sample (what a micro-batch is padded to): 34 + (t+2) + (c+2)."""
+    """Packed sequence length of each sample (what a micro-batch is padded to): the prefix, then
+    text and codes each with a start and a stop token."""
     text = np.asarray(text_lens, dtype=np.int64)
     codes = np.asarray(code_lens, dtype=np.int64)
-    return PREFIX_POSITIONS + (text + 2) + (codes + 2)
+    return PREFIX_LEN + (text + 2) + (codes + 2)
 
 
 def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
