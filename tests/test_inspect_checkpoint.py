@@ -46,7 +46,7 @@ def trainer_ckpt(model: dict[str, torch.Tensor], micro_batch: int = 0, machine: 
                   "lr_schedule": {"kind": "warmup_cosine", "base_lr": 2e-5, "warmup_steps": 0, "decay_steps": 1,
                                   "min_lr_ratio": 0.0},
                   "frozen_rows": None},
-        "data": {"epoch": 3, "step_in_epoch": 12, "samples_in_epoch": 384, "order_batch": 32},
+        "data": {"epoch": 3, "step_in_epoch": 12, "samples_in_epoch": 384, "order_batch": 32, "order": "grouped"},
         "progress": {"step": 120, "samples_seen": 1920, "history": [
             {"kind": "train", "step": 100, "mel_loss": 2.0},
             {"kind": "val", "step": 80, "text_loss": 3.0, "mel_loss": 1.4, "mel_top1": 0.3}]},

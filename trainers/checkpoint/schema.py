@@ -37,7 +37,7 @@ _INT, _STR, _DICT, _LIST = (int,), (str,), (dict,), (list, tuple)
 FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "optim": {"optimizer": _DICT, "param_shapes": _LIST, "lr_schedule": _DICT, "scaler": _DICT,
               "frozen_rows": (dict, type(None))},
-    "data": {"epoch": _INT, "step_in_epoch": _INT, "samples_in_epoch": _INT, "order_batch": _INT},
+    "data": {"epoch": _INT, "step_in_epoch": _INT, "samples_in_epoch": _INT, "order_batch": _INT, "order": _STR},
     "progress": {"step": _INT, "samples_seen": _INT, "history": _LIST},
     "rng": {"torch": (torch.Tensor,), "cuda": _LIST, "numpy": _DICT, "python": _LIST},
     "run": {"run_id": _STR, "config": _DICT, "model_config": _DICT, "fingerprints": _DICT, "vocab": _DICT,
@@ -130,7 +130,7 @@ def _from_format_1(old: dict[str, Any], path: Path) -> dict[str, Any]:
                   "frozen_rows": {"base_tokens": vocab["base_text_tokens"]} if completed["freeze_base_vocab"] else None},
         "data": {"epoch": old["epoch"], "step_in_epoch": old["step_in_epoch"],
                  "samples_in_epoch": old.get("samples_in_epoch", old["step_in_epoch"] * batch),
-                 "order_batch": batch},
+                 "order_batch": batch, "order": "random"},
         "progress": {"step": old["step"], "samples_seen": old.get("samples_seen", 0),
                      "history": old.get("metrics", [])},
         "rng": old["rng"],

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     _num(opt, "--mel-loss-weight", float, d.mel_loss_weight, "weight of the mel cross-entropy")
     _num(opt, "--dropout", float, d.dropout, "embedding and residual dropout")
     _num(opt, "--seed", int, d.seed, "seed of the data order and dropout masks")
+    opt.add_argument("--data-order", choices=("grouped", "random"),
+                     help=f"grouped: each step holds samples of similar length (little padding); random: plain "
+                          f"shuffled steps [{d.data_order}]")
     opt.add_argument("--freeze-base-vocab", action=argparse.BooleanOptionalAction,
                      help="keep the base checkpoint's text embedding/head rows bit-identical "
                           "[on when the tokenizer extends the base vocabulary]")

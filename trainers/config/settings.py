@@ -36,6 +36,8 @@ class TrainConfig:
     mel_loss_weight: float = 0.8
     dropout: float = 0.1
     seed: int = 1234
+    # grouped: steps of similar-length samples (little padding); random: plain shuffled steps.
+    data_order: str = "grouped"
     # None until resolved: on when the tokenizer extends the base checkpoint's vocabulary.
     freeze_base_vocab: bool | None = None
     # Run-time choices that do not change the result beyond float rounding.
@@ -74,6 +76,7 @@ FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
 # that run actually trained with (never today's default, which may differ).
 LEGACY_VALUES: dict[str, Any] = {
     "freeze_base_vocab": False,  # before the option, every row was trained
+    "data_order": "random",  # before length grouping
 }
 
 
@@ -102,6 +105,8 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "text_loss_weight": 0.2,
     "mel_loss_weight": 0.8,
     "dropout": 0.0,
+    # 384 samples: grouping would keep the same step-mates every epoch (see README, "Data order").
+    "data_order": "random",
     "val_interval": 80,
     "max_val_batches": 8,
     "save_interval": 80,
@@ -113,7 +118,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 EXACTNESS_KEYS = (
     "seed", "effective_batch", "learning_rate", "warmup_steps", "lr_decay_steps", "min_lr_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "text_loss_weight",
-    "mel_loss_weight", "dropout", "freeze_base_vocab",
+    "mel_loss_weight", "dropout", "freeze_base_vocab", "data_order",
 )
 # How this machine runs a step: never carried to another machine (see resolve.py).
 HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "val_batch_size")

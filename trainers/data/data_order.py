@@ -181,13 +181,22 @@ class DataOrder:
 
     def plan_epoch(self, epoch: int, start_step: int, micro_batch: int) -> list[StepPlan]:
         """Plans for steps start_step.. of one epoch; earlier steps are never materialised."""
-        order = self.flat_order(epoch)
+        return self.plan_rest(epoch, start_step * self.effective_batch, self.effective_batch, micro_batch, start_step)
+
+    def plan_rest(self, epoch: int, offset: int, batch: int, micro_batch: int, first_step: int = 0) -> list[StepPlan]:
+        """Plans for the rest of an epoch from sample `offset`, in steps of `batch` samples.
+
+        `batch` differs from this order's effective batch only after an allowed change of the
+        effective batch mid-epoch: the epoch keeps the order it was made with and its rest is
+        cut anew, so no sample is repeated or skipped.
+        """
+        rest = self.flat_order(epoch)[offset:]
         plans = []
-        for k in range(start_step, self.steps_per_epoch):
-            samples = step_samples(order, k, self.effective_batch)
+        for k, i in enumerate(range(0, len(rest), batch)):
+            samples = rest[i: i + batch]
             if self.grouped:
                 samples = longest_first(samples, self.lengths)
-            plans.append(StepPlan(epoch, k, split_micro_batches(samples, micro_batch)))
+            plans.append(StepPlan(epoch, first_step + k, split_micro_batches(samples, micro_batch)))
         return plans
 
 

@@ -97,9 +97,9 @@ def log_summary(run: Run) -> None:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
     log.info("hardware: %s", hw.hardware.describe())
-    log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch",
+    log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch, %s order",
              cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation, hw.split.reason,
-             run.data.steps_per_epoch)
+             run.data.steps_per_epoch, cfg.data_order)
     amp_why = ("bf16: supported by this GPU" if hw.amp_dtype == torch.bfloat16 else
                "fp16 with loss scaling: this GPU has no bf16" if hw.amp_dtype == torch.float16 else
                "pass --amp for bf16/fp16 on CUDA" if hw.hardware.is_cuda else "CPU")
