@@ -10,7 +10,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from trainers.data import data_order
-from trainers.data.data_order import (DataOrder, MicroBatchSampler, Position, epoch_order,
+from trainers.data.features import FeatureSpec
+from trainers.data.manifest import Sample
+from trainers.data.train_data import TrainData
+from trainers.data.data_order import (DataOrder, MicroBatchSampler, epoch_order,
                                       grouped_epoch_order, packed_lengths, steps_per_epoch)
 
 
@@ -39,9 +42,26 @@ def test_resume_slice_equals_the_uninterrupted_tail():
         assert order.plan_epoch(2, start, 4) == full[start:]
 
 
-def test_position_normalises_past_the_last_step():
-    assert Position(0, 25).normalised(25) == Position(1, 0)
-    assert Position(0, 24).normalised(25) == Position(0, 24)
+def _samples(n: int) -> list[Sample]:
+    return [Sample(index=i, id=f"s{i}", source=f"m.jsonl:{i + 1}", text_ids_path="", codes_path="", condition_path="",
+                   emo_vec_path="", text_len=1 + i % 7, code_len=5 + i % 11, lang=None, speaker=None) for i in range(n)]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_train_data_moves_to_the_next_epoch_after_its_last_step(grouped):
+    data = TrainData(_samples(50), FeatureSpec(4, 10, 8), seed=1, effective_batch=16, grouped=grouped)
+    plans = data.plan_epoch(micro_batch=5)
+    assert [len(p.samples) for p in plans] == [16, 16, 16, 2]
+    assert data.steps_left(epochs=2) == 8
+    for plan in plans[:3]:
+        data.advance(plan)
+    assert (data.epoch, data.step_in_epoch, data.samples_in_epoch) == (0, 3, 48)
+    restored = TrainData(_samples(50), FeatureSpec(4, 10, 8), seed=1, effective_batch=16, grouped=grouped)
+    restored.load_state_dict(data.state_dict())
+    assert restored.plan_epoch(micro_batch=5) == plans[3:]  # the rest of the epoch, never its start
+    data.advance(plans[3])  # one past the last step of an epoch is step 0 of the next
+    assert (data.epoch, data.step_in_epoch, data.samples_in_epoch) == (1, 0, 0)
+    assert data.steps_left(epochs=2) == 4 and data.steps_left(epochs=1) == 0
 
 
 class _Indices(Dataset):

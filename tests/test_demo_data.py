@@ -14,6 +14,8 @@ import pytest
 import sentencepiece as spm
 
 import trainers.data.demo_data as demo_data
+from trainers.data import demo_corpus
+from trainers.data.demo_corpus import front_end
 from trainers.data.demo_data import DemoAssets, DemoCorpusSpec, ensure_demo_assets, spec_fingerprint
 
 SPEC = DemoCorpusSpec()
@@ -24,7 +26,7 @@ PAIRED_FIELDS = {
     "target_text_len", "target_codes_path", "target_code_len", "target_emo_vec_path",
 }
 SINGLE_FIELDS = {
-    "id", "speaker", "target_text", "text_ids_path", "text_len", "codes_path", "code_len",
+    "id", "speaker", "text", "text_ids_path", "text_len", "codes_path", "code_len",
     "condition_path", "condition_len", "emo_vec_path",
 }
 
@@ -68,7 +70,7 @@ def test_second_call_reuses(assets: DemoAssets, monkeypatch: pytest.MonkeyPatch)
     def fail(*_args: object) -> None:
         raise AssertionError("corpus was regenerated")
 
-    monkeypatch.setattr(demo_data, "_generate", fail)
+    monkeypatch.setattr(demo_data, "generate", fail)
     before = _file_hashes(assets.root)
     assert ensure_demo_assets(assets.root) == assets
     assert _file_hashes(assets.root) == before
@@ -125,7 +127,7 @@ def _features(assets: DemoAssets) -> list[dict]:
         })
     for row in _rows(assets.val_manifest):
         items.append({
-            "text": row["target_text"], "text_ids": row["text_ids_path"],
+            "text": row["text"], "text_ids": row["text_ids_path"],
             "text_len": row["text_len"], "codes": row["codes_path"], "code_len": row["code_len"],
             "condition": row["condition_path"], "condition_len": row["condition_len"],
             "emo_vec": row["emo_vec_path"],
@@ -143,13 +145,13 @@ def test_feature_contents(assets: DemoAssets) -> None:
 
         assert text_ids.dtype == np.int32 and text_ids.ndim == 1
         assert len(text_ids) == item["text_len"]
-        assert 0 < len(text_ids) <= demo_data.MAX_TEXT_LEN
-        assert text_ids.tolist() == sp.encode(item["text"])  # no bos/eos
+        assert 0 < len(text_ids) <= demo_corpus.MAX_TEXT_LEN
+        assert text_ids.tolist() == sp.encode(front_end(item["text"]))  # no bos/eos; upper-cased as upstream does
         assert 3 <= int(text_ids.min()) and int(text_ids.max()) < SPEC.vocab_size
         assert 3 <= len(item["text"].split()) - 1 <= 8  # words plus the final "."
 
         assert codes.dtype == np.int32 and codes.ndim == 1
-        assert len(codes) == item["code_len"] and 0 < len(codes) <= demo_data.MAX_CODE_LEN
+        assert len(codes) == item["code_len"] and 0 < len(codes) <= demo_corpus.MAX_CODE_LEN
         assert 0 <= int(codes.min()) and int(codes.max()) < SPEC.num_codes
 
         assert condition.dtype == np.float32
@@ -187,13 +189,13 @@ def test_incomplete_corpus_is_regenerated(tmp_path: Path) -> None:
 
 
 def test_failed_generation_leaves_nothing_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_generate = demo_data._generate
+    real_generate = demo_data.generate
 
     def crash(out: Path, spec: DemoCorpusSpec) -> None:
         real_generate(out, spec)
         raise KeyboardInterrupt  # killed after writing everything but the marker
 
-    monkeypatch.setattr(demo_data, "_generate", crash)
+    monkeypatch.setattr(demo_data, "generate", crash)
     with pytest.raises(KeyboardInterrupt):
         ensure_demo_assets(tmp_path / "corpus", DemoCorpusSpec(num_train=16, num_val=4))
     assert list(tmp_path.iterdir()) == []

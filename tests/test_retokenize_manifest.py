@@ -42,6 +42,10 @@ def ethiopic_lines(seed: int, count: int) -> list[str]:
     return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(count)]
 
 
+def text_of(row: dict) -> str:
+    return row["target_text"] if "target_text" in row else row["text"]  # paired / single-utterance form
+
+
 def manifest_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -75,8 +79,8 @@ class Assets:
     root: Path
     train: Path  # demo paired manifest
     val: Path  # demo single-utterance manifest
-    demo_tokenizer: Path  # the demo's own (trained on lower-case text)
-    upper_tokenizer: Path  # trained on the same text upper-cased, as upstream's bpe.model is
+    demo_tokenizer: Path  # the demo's own (trained on its text upper-cased, as upstream's bpe.model is)
+    upper_tokenizer: Path  # trained here on the same text upper-cased, independently of the demo
     extended: dict[str, Path]  # "demo" / "upper" -> that tokenizer extended with Ethiopic pieces
     ethiopic: Path  # single-utterance manifest in another folder, Ethiopic and mixed text
 
@@ -87,7 +91,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Assets:
     demo = ensure_demo_assets(root / "demo", DemoCorpusSpec(model_dim=DEMO_GPT["model_dim"],
                                                            vocab_size=DEMO_GPT["number_text_tokens"],
                                                            num_codes=DEMO_GPT["start_mel_token"]))
-    texts = [r["target_text"] for m in (demo.train_manifest, demo.val_manifest) for r in manifest_rows(m)]
+    texts = [text_of(r) for m in (demo.train_manifest, demo.val_manifest) for r in manifest_rows(m)]
     upper = train_tokenizer(root / "upper.model", [t.upper() for t in texts])
     extended = {"demo": extend(demo.tokenizer, root / "demo_ext.model"),
                 "upper": extend(upper, root / "upper_ext.model")}
@@ -95,7 +99,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Assets:
     rows = []
     for i, (row, text) in enumerate(zip(manifest_rows(demo.val_manifest), ethiopic_lines(2, 48))):
         row = {k: (f"../demo/{v}" if k.endswith("_path") else v) for k, v in row.items()}
-        del row["target_text"]
+        row.pop("target_text", None)
         row["text"] = text + (" the cat ." if i % 4 == 0 else "")  # some lines mix in base-language words
         rows.append(row)
     ethiopic = write_rows(root / "am" / "am.jsonl", rows)
@@ -148,31 +152,12 @@ def test_front_end_follows_indextts2(text: str, expected: str) -> None:
 
 # ----------------------------------------------------------------------------- the demo corpus
 
-def test_demo_ids_are_made_without_indextts2_upper_casing(assets: Assets, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """Reported, not bent: trainers/demo_data.py encodes the raw lower-case text with a tokenizer
-    trained on lower-case text. IndexTTS2 upper-cases first, which turns every demo word into
-    <unk> with that tokenizer, so the tool cannot and does not reproduce the demo's ids."""
-    sp = spm.SentencePieceProcessor(model_file=str(assets.demo_tokenizer))
-    assert run(assets.demo_tokenizer, [assets.train, assets.val], tmp_path) == 0
-    captured = capsys.readouterr()
-    for manifest in (assets.train, assets.val):
-        texts = [r["target_text"] for r in manifest_rows(manifest)]
-        demo_ids, tool_ids = ids_of(manifest), ids_of(tmp_path / manifest.name)
-        assert demo_ids == [sp.encode(t) for t in texts]  # the demo: no front end at all
-        assert tool_ids == [sp.encode(t.upper()) for t in texts]  # upstream's front end, for this plain text
-        assert all(a != b for a, b in zip(demo_ids, tool_ids))  # not one line agrees
-        assert all(sp.unk_id() in ids for ids in tool_ids)
-        assert f"lines={len(texts)} " in captured.out and f"lines_with_unk={len(texts)} " in captured.out
-    assert "has lower-case letters and no upper-case ones" in captured.err
-
-
-@pytest.mark.xfail(strict=True, reason="the demo makes its ids without IndexTTS2's upper-casing "
-                                       "(see test_demo_ids_are_made_without_indextts2_upper_casing)")
-def test_the_demo_ids_are_reproduced(assets: Assets, tmp_path: Path) -> None:
+def test_the_demo_ids_are_reproduced(assets: Assets, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo makes its ids as IndexTTS2 does (upper-cased text), so the tool gives the same ids."""
     assert run(assets.demo_tokenizer, [assets.train, assets.val], tmp_path) == 0
     for manifest in (assets.train, assets.val):
         assert ids_of(tmp_path / manifest.name) == ids_of(manifest)
+    assert " unk=0 " in capsys.readouterr().out
 
 
 def test_upstream_ids_for_every_demo_line_and_the_manifest_validates(assets: Assets, tmp_path: Path,
@@ -188,7 +173,7 @@ def test_upstream_ids_for_every_demo_line_and_the_manifest_validates(assets: Ass
     assert "language normalisation SKIPPED" in printed and "WeTextProcessing" in printed
     for manifest in (assets.train, assets.val):
         rows, new_rows = manifest_rows(manifest), manifest_rows(out / manifest.name)
-        texts = [r["target_text"] for r in rows]
+        texts = [text_of(r) for r in rows]
         # For this text (lower-case ASCII words, single spaces, no CJK) upstream's front end is str.upper().
         assert all(t == " ".join(t.split()) and t.isascii() and len(t) > 1 for t in texts)
         new_ids = ids_of(out / manifest.name)
@@ -235,11 +220,8 @@ def test_extended_tokenizer_keeps_base_ids_and_gives_ethiopic_no_unk(assets: Ass
     assert ethiopic_only and all(sp.unk_id() not in ids for ids in ethiopic_only)
     assert all(i >= 160 or sp.id_to_piece(i) == "\u2581" for ids in ethiopic_only for i in ids)  # new pieces, spaces
     report = next(line for line in printed.splitlines() if line.startswith("report") and "ext/am.jsonl" in line)
-    if base == "upper":
-        assert all(sp.unk_id() not in ids for ids in after)
-        assert " unk=0 " in report
-    else:  # the mixed lines' Latin words are <unk> for the lower-case demo tokenizer, Ethiopic never
-        assert f"lines_with_unk={len(after) - len(ethiopic_only)} " in report
+    assert all(sp.unk_id() not in ids for ids in after)  # mixed lines too: both bases know the upper-cased words
+    assert " unk=0 " in report
     # The Ethiopic manifest lives in another folder: its feature paths still name the demo's files.
     assert load_manifests([ManifestSpec(tmp_path / "ext" / "am.jsonl", None)], DEMO_LIMITS)
 

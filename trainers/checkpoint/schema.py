@@ -244,7 +244,3 @@ class Checkpoint:
     @property
     def amp_dtype(self) -> str:
         return self.sections["hardware"]["amp_dtype"]
-
-    @property
-    def cuda_rng_states(self) -> list[torch.Tensor]:
-        return list(self.sections["rng"]["cuda"])

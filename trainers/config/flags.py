@@ -29,7 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     d = TrainConfig()
-    data = p.add_argument_group("data")
+    _data_flags(p.add_argument_group("data"), d)
+    _optimisation_flags(p.add_argument_group("optimisation"), d)
+    _run_time_flags(p.add_argument_group("run time"), d)
+    rs = p.add_argument_group("resume")
+    rs.add_argument("--resume", metavar="auto|PATH",
+                    help="auto: continue OUTPUT_DIR's newest checkpoint if there is one, else start fresh; "
+                         "PATH: continue that checkpoint")
+    rs.add_argument("--allow-config-change", action="store_true",
+                    help="resume although settings that change the result differ from the saved run")
+    rs.add_argument("--force-resume", action="store_true",
+                    help="resume although the checkpoint fails a consistency check")
+    p.add_argument("--demo", action="store_true", help="train the tiny demo config on a built-in synthetic corpus")
+    return p
+
+
+def _data_flags(data: argparse._ArgumentGroup, d: TrainConfig) -> None:
     data.add_argument("--train-manifest", dest="train_manifests", action="append", metavar="JSONL[::LANG]",
                       help="training manifest; repeat for several; optional ::lang suffix")
     data.add_argument("--val-manifest", dest="val_manifests", action="append", metavar="JSONL[::LANG]",
@@ -39,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--base-checkpoint", help="official gpt.pth (or a raw state dict) to start from")
     data.add_argument("--output-dir", help=f"run directory [{d.output_dir}]")
 
-    opt = p.add_argument_group("optimisation")
+
+def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(opt, "--effective-batch", int, d.effective_batch,
          "samples per optimizer step; defines the run and is kept on resume")
     _num(opt, "--batch-size", int, d.batch_size, "micro-batch size (samples per forward pass; 0: auto)")
@@ -64,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep the base checkpoint's text embedding/head rows bit-identical "
                           "[on when the tokenizer extends the base vocabulary]")
 
-    rt = p.add_argument_group("run time")
+
+def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     rt.add_argument("--amp", action="store_true", help="mixed precision on CUDA (bf16 if supported, else fp16)")
     rt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations to save memory")
     rt.add_argument("--deterministic", action="store_true",
@@ -81,17 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     _num(rt, "--log-interval", int, d.log_interval, "log a line every N optimizer steps")
     rt.add_argument("--log-sample-ids", action="store_true",
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
-
-    rs = p.add_argument_group("resume")
-    rs.add_argument("--resume", metavar="auto|PATH",
-                    help="auto: continue OUTPUT_DIR's newest checkpoint if there is one, else start fresh; "
-                         "PATH: continue that checkpoint")
-    rs.add_argument("--allow-config-change", action="store_true",
-                    help="resume although settings that change the result differ from the saved run")
-    rs.add_argument("--force-resume", action="store_true",
-                    help="resume although the checkpoint fails a consistency check")
-    p.add_argument("--demo", action="store_true", help="train the tiny demo config on a built-in synthetic corpus")
-    return p
 
 
 def _num(group: argparse._ArgumentGroup, flag: str, kind: type, default: Any, text: str) -> None:

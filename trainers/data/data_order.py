@@ -1,14 +1,13 @@
 """Which samples make up each optimizer step, as a pure function of the run's settings.
 
-Position is counted at optimizer-step boundaries: (epoch, step_in_epoch). Each epoch has one
-flat order of all sample indices; step k of an epoch takes the samples flat[k*E : (k+1)*E]
+Each epoch has one flat order of all sample indices; step k of an epoch takes the samples flat[k*E : (k+1)*E]
 for the effective batch E, and the micro-batch size only decides how those samples are cut
 into pieces. Resuming at a step slices the flat order directly, so the cost of skipping does
 not grow with the position and no skipped sample is ever loaded.
 
 Two orders exist (DataOrder.grouped):
 
-* plain (the default, and the only order before length grouping existed): the flat order is
+* plain ("random" in the trainer's flags, and the only order before length grouping existed): the flat order is
   a random permutation keyed by (seed, epoch); a step's samples are cut into micro-batches in
   that order. It does not depend on the effective batch or on sample lengths.
 * grouped: the flat order is built so that each step holds samples of similar length (see
@@ -26,20 +25,6 @@ from typing import Iterator
 import numpy as np
 
 from trainers.model.layout import PREFIX_LEN
-
-
-@dataclass(frozen=True)
-class Position:
-    """Where training stands: the next step to run is `step_in_epoch` of `epoch`."""
-
-    epoch: int
-    step_in_epoch: int
-
-    def normalised(self, steps_per_epoch: int) -> "Position":
-        """Turn 'one past the last step of an epoch' into 'step 0 of the next epoch'."""
-        if self.step_in_epoch >= steps_per_epoch:
-            return Position(self.epoch + 1, 0)
-        return self
 
 
 def steps_per_epoch(num_samples: int, effective_batch: int) -> int:

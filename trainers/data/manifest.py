@@ -12,11 +12,14 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from trainers.model.layout import PREFIX_LEN
+from trainers.data.manifest_lines import DataLimits, FileContext, Sample, Validator, check_line
+
+__all__ = ["DataLimits", "ManifestError", "ManifestSpec", "Sample", "load_manifests", "manifests_fingerprint",
+           "parse_manifest_spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,241 +69,6 @@ def parse_manifest_spec(spec: str) -> ManifestSpec:
     return ManifestSpec(path=Path(path_part), lang=lang_value)
 
 
-@dataclass(frozen=True)
-class DataLimits:
-    max_text_tokens: int
-    max_mel_tokens: int
-    prefix_len: int = PREFIX_LEN
-
-    def __post_init__(self) -> None:
-        if self.max_text_tokens < 1 or self.max_mel_tokens < 1 or self.prefix_len < 0:
-            raise ValueError(f"invalid DataLimits {self}")
-
-    @property
-    def max_positions(self) -> int:
-        """Positions the model's position tables can hold (mel + text tables)."""
-        return (self.max_mel_tokens + 3) + (self.max_text_tokens + 2)
-
-    def positions(self, text_len: int, code_len: int) -> int:
-        """Sequence length of one sample: prefix + [start] text [stop] + [start] codes [stop]."""
-        return self.prefix_len + (text_len + 2) + (code_len + 2)
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    index: int
-    id: str
-    source: str
-    text_ids_path: str
-    codes_path: str
-    condition_path: str
-    emo_vec_path: str
-    text_len: int
-    code_len: int
-    lang: str | None
-    speaker: str | None
-
-
-@dataclass(frozen=True)
-class _Form:
-    """Field names of one manifest layout, mapped onto Sample's roles."""
-
-    name: str
-    text_ids: str
-    text_len: str
-    codes: str
-    code_len: str
-    condition: str
-    emo_vec: str
-    required: tuple[str, ...] = ()  # filled in by __post_init__; read once per line
-
-    def __post_init__(self) -> None:
-        fields_ = ("id", self.text_ids, self.text_len, self.codes, self.code_len, self.condition, self.emo_vec)
-        object.__setattr__(self, "required", fields_)
-
-    @property
-    def path_keys(self) -> tuple[str, str, str, str]:
-        return (self.text_ids, self.codes, self.condition, self.emo_vec)
-
-
-# The prompt's emotion vector is what inference uses by default, so paired
-# samples condition on it (target_emo_vec_path is accepted but unused).
-_PAIRED = _Form(
-    name="paired",
-    text_ids="target_text_ids_path",
-    text_len="target_text_len",
-    codes="target_codes_path",
-    code_len="target_code_len",
-    condition="prompt_condition_path",
-    emo_vec="prompt_emo_vec_path",
-)
-_SINGLE = _Form(
-    name="single",
-    text_ids="text_ids_path",
-    text_len="text_len",
-    codes="codes_path",
-    code_len="code_len",
-    condition="condition_path",
-    emo_vec="emo_vec_path",
-)
-_PAIRED_KEYS = frozenset(_PAIRED.required) - {"id"}
-_SINGLE_KEYS = frozenset(_SINGLE.required) - {"id"}
-_FORM_HINT = (
-    "a paired line has prompt_condition_path and target_codes_path; "
-    "a single-utterance line has text_ids_path, codes_path and condition_path"
-)
-
-
-def _detect_form(obj: dict[str, Any]) -> _Form | None:
-    """Pick the layout a line is written in; partial lines get the closest form
-    so the error names their missing fields instead of a vague 'unknown form'."""
-    if "prompt_condition_path" in obj and "target_codes_path" in obj:
-        return _PAIRED
-    if "codes_path" in obj or not _SINGLE_KEYS.isdisjoint(obj):
-        return _SINGLE
-    if not _PAIRED_KEYS.isdisjoint(obj):
-        return _PAIRED
-    return None
-
-
-@dataclass
-class _Validator:
-    """Shared state while validating all manifests of one call."""
-
-    limits: DataLimits
-    flag: str
-    problems: list[str] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
-    exists: dict[str, bool] = field(default_factory=dict)  # one stat per unique feature path
-
-    def file_exists(self, path: str) -> bool:
-        found = self.exists.get(path)
-        if found is None:
-            found = self.exists[path] = os.path.isfile(path)
-        return found
-
-
-@dataclass
-class _FileContext:
-    """Per-manifest state: display name, base folder and a cache of feature paths."""
-
-    name: str
-    base: str
-    lang: str | None
-    check: _Validator
-    # raw path as written -> (resolved absolute path, file exists); large
-    # manifests repeat few paths, so each is joined and stat'ed once.
-    features: dict[str, tuple[str, bool]] = field(default_factory=dict)
-
-    def feature(self, raw: str) -> tuple[str, bool]:
-        entry = self.features.get(raw)
-        if entry is None:
-            path = os.path.normpath(os.path.join(self.base, raw))  # absolute `raw` stays as is
-            entry = self.features[raw] = (path, self.check.file_exists(path))
-        return entry
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _length_problem(key: str, value: Any, limit: int, limit_key: str) -> str | None:
-    """Describe what is wrong with a token count, or None when it is valid."""
-    if type(value) is not int:  # bool is an int subclass; reject it too
-        return f"{key} must be an integer, got {value!r} ({_type_name(value)}); write the token count as a JSON integer"
-    if value < 1:
-        return f"{key} {value} must be at least 1; drop this empty sample"
-    if value > limit:
-        return f"{key} {value} exceeds {limit_key} {limit}; drop or split this sample"
-    return None
-
-
-def _path_problem(key: str, value: Any, ctx: _FileContext) -> tuple[str | None, str | None]:
-    """Return (resolved path, None) for an existing feature file, else (None, problem)."""
-    if type(value) is not str or not value:
-        return None, f"{key} must be a non-empty string path, got {value!r} ({_type_name(value)}); fix the manifest line"
-    path, found = ctx.feature(value)
-    if not found:
-        return None, f"{key} file not found: {path}; relative paths are resolved from the manifest folder {ctx.base}"
-    return path, None
-
-
-def _optional_str(obj: dict[str, Any], key: str) -> tuple[str | None, str | None]:
-    """Return (value, None) for an optional name field, or (None, problem)."""
-    value = obj.get(key)
-    if value is None or value == "":
-        return None, None
-    if type(value) is str:
-        return value, None
-    if type(value) is int:  # numeric speaker ids are common; treat them as names
-        return str(value), None
-    return None, f"{key} must be a string or null, got {value!r} ({_type_name(value)}); fix the manifest line"
-
-
-def _line_problems(obj: Any) -> tuple[_Form | None, str | None]:
-    """Structural checks: an object in a known form with all required fields."""
-    if not isinstance(obj, dict):
-        return None, f"line is a JSON {_type_name(obj)}, not an object; write one JSON object per line"
-    form = _detect_form(obj)
-    if form is None:
-        return None, f"neither manifest form recognised ({_FORM_HINT}); fix the field names"
-    missing = [key for key in form.required if key not in obj]
-    if missing:
-        return None, f"missing required field(s) {', '.join(missing)} for a {form.name} line; add them or regenerate the manifest"
-    return form, None
-
-
-def _check_line(obj: Any, ctx: _FileContext, src: str) -> None:
-    """Validate one parsed line; append a Sample or the line's problems."""
-    check = ctx.check
-    form, problem = _line_problems(obj)
-    if form is None:
-        check.problems.append(f"{src}: {problem}")
-        return
-    limits = check.limits
-    text_len, code_len = obj[form.text_len], obj[form.code_len]
-    problems = [
-        _length_problem(form.text_len, text_len, limits.max_text_tokens, "gpt.max_text_tokens"),
-        _length_problem(form.code_len, code_len, limits.max_mel_tokens, "gpt.max_mel_tokens"),
-    ]
-    if problems == [None, None] and limits.positions(text_len, code_len) > limits.max_positions:
-        problems.append(
-            f"sample needs {limits.positions(text_len, code_len)} positions "
-            f"({limits.prefix_len}+({text_len}+2)+({code_len}+2)) but "
-            f"(gpt.max_mel_tokens+3)+(gpt.max_text_tokens+2) is {limits.max_positions}; drop or split this sample"
-        )
-    sample_id = obj["id"]
-    if type(sample_id) is not str or not sample_id:
-        problems.append(f"id must be a non-empty string, got {sample_id!r} ({_type_name(sample_id)}); fix the manifest line")
-    paths = []
-    for key in form.path_keys:
-        path, problem = _path_problem(key, obj[key], ctx)
-        paths.append(path)
-        problems.append(problem)
-    speaker, speaker_problem = _optional_str(obj, "speaker")
-    line_lang, lang_problem = _optional_str(obj, "language")
-    problems += (speaker_problem, lang_problem)
-    if any(problems):
-        check.problems.extend(f"{src}: {p}" for p in problems if p)
-        return
-    text_ids_path, codes_path, condition_path, emo_vec_path = paths
-    check.samples.append(
-        Sample(
-            index=len(check.samples),
-            id=sample_id,
-            source=src,
-            text_ids_path=text_ids_path,
-            codes_path=codes_path,
-            condition_path=condition_path,
-            emo_vec_path=emo_vec_path,
-            text_len=text_len,
-            code_len=code_len,
-            lang=ctx.lang if ctx.lang is not None else line_lang,
-            speaker=speaker,
-        )
-    )
-
-
 def _read_text(spec: ManifestSpec, flag: str, out: list[str]) -> str | None:
     """Read a manifest as UTF-8 text, or record why it cannot be read."""
     try:
@@ -321,12 +89,12 @@ def _read_text(spec: ManifestSpec, flag: str, out: list[str]) -> str | None:
         return None
 
 
-def _load_one(spec: ManifestSpec, check: _Validator) -> None:
+def _load_one(spec: ManifestSpec, check: Validator) -> None:
     text = _read_text(spec, check.flag, check.problems)
     if text is None:
         return
     name = str(spec.path)
-    ctx = _FileContext(name=name, base=os.path.dirname(os.path.abspath(spec.path)), lang=spec.lang, check=check)
+    ctx = FileContext(name=name, base=os.path.dirname(os.path.abspath(spec.path)), lang=spec.lang, check=check)
     seen_lines = 0
     # Split on "\n" only: str.splitlines() would also break on U+2028 etc.,
     # which JSON allows unescaped inside strings.
@@ -340,7 +108,7 @@ def _load_one(spec: ManifestSpec, check: _Validator) -> None:
         except json.JSONDecodeError as exc:
             check.problems.append(f"{src}: invalid JSON ({exc.msg} at column {exc.colno}); write one complete JSON object per line")
             continue
-        _check_line(obj, ctx, src)
+        check_line(obj, ctx, src)
     if seen_lines == 0:
         check.problems.append(f"{check.flag} {spec.path}: manifest has no samples; check the file or drop this manifest")
 
@@ -369,7 +137,7 @@ def load_manifests(
     specs: Sequence[ManifestSpec], limits: DataLimits, *, flag: str = "--train-manifest"
 ) -> list[Sample]:
     """Parse and validate all manifests; raise one ManifestError listing every problem."""
-    check = _Validator(limits=limits, flag=flag)
+    check = Validator(limits=limits, flag=flag)
     if not specs:
         check.problems.append(f"{flag}: no manifest given; pass at least one PATH or PATH::LANG")
     for spec in specs:
