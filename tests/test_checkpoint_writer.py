@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from trainers.checkpoint_io import CheckpointManager, load_checkpoint
-from trainers.checkpoint_writer import CheckpointWriter, SnapshotBuffers, snapshot, to_host
+from trainers.checkpoint_writer import CheckpointWriter, SnapshotBuffers, os_error_in_chain, snapshot, to_host
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,6 +154,23 @@ def test_to_host_shares_cpu_tensors():
     assert to_host(state)["w"].untyped_storage().data_ptr() == state["w"].untyped_storage().data_ptr()
 
 
+def test_static_tensors_are_shared_not_copied(tmp_path):
+    carried = {"emo_layer.weight": torch.ones(50), "emo_layer.bias": torch.zeros(5)}
+    trained = torch.ones(50)
+    state = {"model": {"w": trained, **carried}}
+    snap = snapshot(state, static=carried.values())
+    assert snap["model"]["emo_layer.weight"].untyped_storage().data_ptr() == carried["emo_layer.weight"].data_ptr()
+    assert snap["model"]["w"].untyped_storage().data_ptr() != trained.data_ptr()
+
+    writer = CheckpointWriter(CheckpointManager(tmp_path, keep=1), static=carried.values())
+    writer.submit(state, 1)
+    trained.add_(1)
+    writer.wait()
+    assert writer.buffer_bytes == trained.nbytes  # only the trained tensor was copied
+    writer.close()
+    assert_same(load_checkpoint(tmp_path / "latest.pth"), {"model": {"w": torch.ones(50), **carried}})
+
+
 def test_snapshot_buffers_are_reused_when_sizes_match():
     buffers = SnapshotBuffers()
     first = snapshot({"a": torch.ones(100), "b": torch.zeros(10, 10)}, buffers=buffers)
@@ -206,6 +223,32 @@ def test_background_saves_land_complete_and_in_order(tmp_path):
     for step in (4, 5):
         assert_same(load_checkpoint(tmp_path / f"model_step{step}.pth"), expected[step])
     assert temp_files(tmp_path) == []
+
+
+def test_reserve_allocates_the_snapshot_buffers_in_the_background(tmp_path):
+    carried = {"emo.w": torch.ones(1000)}
+    base = torch.zeros(300)
+    state = {"model": {"a": base, "view": base[10:20], **carried}, "opt": [torch.ones(7), torch.ones(7)]}
+    writer = CheckpointWriter(CheckpointManager(tmp_path, keep=1), static=carried.values())
+    writer.reserve(state)
+    assert writer.wait() is None  # waits for the allocation
+    assert writer.buffer_bytes == 300 * 4 + 2 * 7 * 4  # shared storage once, static tensor not at all
+
+    reserved = {s.data_ptr() for group in writer._buffers._free.values() for s in group}
+    writer.submit(state, 1)
+    writer.wait()
+    assert writer.buffer_bytes == 300 * 4 + 2 * 7 * 4  # the snapshot allocated nothing more
+    assert {s.data_ptr() for _, s in writer._buffers._in_use} == reserved
+    assert_same(load_checkpoint(tmp_path / "latest.pth"), state)
+    writer.close()
+
+
+def test_reserve_is_a_no_op_without_background_or_buffers(tmp_path):
+    for kwargs in ({"background": False}, {"reuse_buffers": False}):
+        writer = CheckpointWriter(CheckpointManager(tmp_path, keep=1), **kwargs)
+        writer.reserve(small(1))
+        assert not writer.busy and writer.buffer_bytes == 0
+        writer.close()
 
 
 def test_latest_names_the_newest_complete_file_after_each_wait(tmp_path):
@@ -316,6 +359,7 @@ def test_serializer_error_keeps_its_type_and_cause(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="PytorchStreamWriter") as info:
         writer.wait()
     assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
+    assert os_error_in_chain(info.value) is info.value.__cause__
     assert temp_files(tmp_path) == []  # the manager removes the partial temp file
     assert load_checkpoint(mgr.latest_path())["step"] == 1
 
@@ -456,3 +500,16 @@ def test_process_exit_without_wait_still_completes_the_write(tmp_path):
     saved = load_checkpoint(mgr.latest_path())
     assert saved["step"] == 2 and torch.equal(saved["w"], torch.full((4_000_000,), 2.0))
     assert temp_files(tmp_path) == []
+
+
+def test_os_error_in_chain():
+    disk_full = OSError(errno.ENOSPC, "full")
+    assert os_error_in_chain(disk_full) is disk_full
+    try:
+        try:
+            raise disk_full
+        except OSError:
+            raise RuntimeError("writer failed")  # implicit chaining (__context__)
+    except RuntimeError as err:
+        assert os_error_in_chain(err) is disk_full
+    assert os_error_in_chain(RuntimeError("no os error")) is None

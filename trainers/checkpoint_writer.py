@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -76,6 +76,21 @@ class SnapshotBuffers:
         self._in_use.append((key, storage))
         return storage
 
+    def reserve(self, sizes: Iterable[tuple[int, bool]]) -> None:
+        """Allocate and touch free buffers so that a snapshot needing ``sizes`` (byte count,
+        pinned) allocates nothing: page faults and pinning happen here, not in the training
+        loop. Buffers already held count towards the need."""
+        self.recycle()
+        need: dict[tuple[int, bool], int] = {}
+        for key in sizes:
+            need[key] = need.get(key, 0) + 1
+        for key, count in need.items():
+            free = self._free.setdefault(key, [])
+            while len(free) < count:
+                storage = _new_host_storage(*key)
+                _bytes_view(storage).zero_()  # fault the pages in now
+                free.append(storage)
+
     def release(self) -> None:
         """Drop all buffers (the memory is freed once no snapshot refers to it)."""
         self._free.clear()
@@ -94,11 +109,23 @@ def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
 class _Copier:
     """One traversal of a checkpoint's nested state."""
 
-    def __init__(self, *, copy_cpu: bool, buffers: SnapshotBuffers | None, pin_memory: bool | None) -> None:
+    def __init__(
+        self,
+        *,
+        copy_cpu: bool,
+        buffers: SnapshotBuffers | None,
+        pin_memory: bool | None,
+        static: Iterable[torch.Tensor] = (),
+    ) -> None:
         self.copy_cpu = copy_cpu
         self.buffers = buffers
         self.pin_memory = pin_memory
         self.storages: dict[tuple[Any, int, int], torch.UntypedStorage] = {}
+        for t in static:  # shared as they are: the caller promises they never change
+            storage = t.untyped_storage()
+            if storage.device.type != "cpu":
+                raise ValueError(f"static tensors must be on the CPU, got one on {storage.device}")
+            self.storages[(storage.device, storage.data_ptr(), storage.nbytes())] = storage
         self.tensors: dict[int, torch.Tensor] = {}
         self.devices_to_sync: set[torch.device] = set()
 
@@ -168,6 +195,26 @@ class _Copier:
             self.storages[key] = dst
         return dst
 
+    def sizes(self, obj: Any) -> list[tuple[int, bool]]:
+        """(byte count, pinned) of each storage ``snapshot`` would copy into a buffer."""
+        found: dict[tuple[Any, int, int], tuple[int, bool]] = {}
+        stack = [obj]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, torch.Tensor):
+                if item.layout != torch.strided or item.is_quantized or item.device.type == "meta":
+                    continue
+                storage = item.untyped_storage()
+                key = (storage.device, storage.data_ptr(), storage.nbytes())
+                if storage.nbytes() and key not in self.storages:
+                    cuda = storage.device.type == "cuda"
+                    found[key] = (storage.nbytes(), cuda if self.pin_memory is None else self.pin_memory)
+            elif isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+        return list(found.values())
+
     def finish(self) -> None:
         # The non-blocking copies were queued on each device's current stream after the
         # step's kernels; one synchronize per device makes the host copies complete.
@@ -180,6 +227,7 @@ def snapshot(
     *,
     buffers: SnapshotBuffers | None = None,
     pin_memory: bool | None = None,
+    static: Iterable[torch.Tensor] = (),
 ) -> Any:
     """Copy a checkpoint's nested state into host memory, independent of the original.
 
@@ -192,10 +240,14 @@ def snapshot(
     then one synchronize per device. With ``buffers``, host memory of the previous snapshot
     made with the same object is reused when sizes match; that snapshot must not be in use
     any more (``CheckpointWriter`` guarantees this by waiting for its write first).
+
+    ``static``: CPU tensors that training never changes (the carried conditioning-encoder
+    weights); tensors on their storages are shared with the snapshot instead of copied.
+    A tensor wrongly declared static is saved as it is when the write reads it.
     """
     if buffers is not None:
         buffers.recycle()
-    copier = _Copier(copy_cpu=True, buffers=buffers, pin_memory=pin_memory)
+    copier = _Copier(copy_cpu=True, buffers=buffers, pin_memory=pin_memory, static=static)
     out = copier.value(state)
     copier.finish()
     return out
@@ -206,6 +258,22 @@ def to_host(state: Any) -> Any:
     writes. Device tensors are copied to (pageable) CPU memory."""
     copier = _Copier(copy_cpu=False, buffers=None, pin_memory=False)
     return copier.value(state)
+
+
+def os_error_in_chain(exc: BaseException) -> OSError | None:
+    """The ``OSError`` (disk full, permissions) that ``exc`` is or was caused by, if any.
+
+    torch's serializer may report a failed write as a ``RuntimeError`` raised while handling
+    the ``OSError``; a trainer that maps write failures to an exit status should look here
+    rather than at the type alone."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class CheckpointWriter:
@@ -227,6 +295,9 @@ class CheckpointWriter:
     (errors are raised there directly) without a snapshot copy, for users who prefer the
     blocking behaviour or lack the host memory for a second copy of the state.
 
+    ``static``: CPU tensors training never changes (e.g. ``run.carried``); they are not
+    copied at each snapshot, which saves their time and host memory.
+
     The writer thread is not a daemon: if the process ends normally without ``wait()``,
     the interpreter still lets a started write finish.
     """
@@ -238,10 +309,12 @@ class CheckpointWriter:
         background: bool = True,
         reuse_buffers: bool = True,
         pin_memory: bool | None = None,
+        static: Iterable[torch.Tensor] = (),
     ) -> None:
         self.manager = manager
         self.background = background
         self.pin_memory = pin_memory
+        self.static = list(static)  # also keeps them alive, so their addresses stay theirs
         self._buffers = SnapshotBuffers() if reuse_buffers else None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -257,7 +330,7 @@ class CheckpointWriter:
 
     @property
     def busy(self) -> bool:
-        """A background write is in progress."""
+        """A background write (or a ``reserve``) is in progress."""
         return self._thread is not None and self._thread.is_alive()
 
     @property
@@ -280,7 +353,7 @@ class CheckpointWriter:
             self._raise_error()
             return
         t1 = time.perf_counter()
-        snap = snapshot(state, buffers=self._buffers, pin_memory=self.pin_memory)
+        snap = snapshot(state, buffers=self._buffers, pin_memory=self.pin_memory, static=self.static)
         self.last_snapshot_s = time.perf_counter() - t1
         thread = threading.Thread(
             target=self._write, args=(snap, step), name=f"checkpoint-writer-step{step}", daemon=False
@@ -288,6 +361,38 @@ class CheckpointWriter:
         del snap  # the thread holds the only reference, so the snapshot is freed when it ends
         self._thread = thread
         thread.start()
+
+    def reserve(self, state: Any) -> None:
+        """Optional: allocate the snapshot buffers for states shaped like ``state`` in the
+        background, so that the first background save does not allocate (page-fault or pin)
+        GBs of host memory inside the training loop; on a VM that can take longer than the
+        write itself. Call it once the state has its final shapes, e.g. after the first
+        optimizer step (AdamW creates its moments there). Only sizes are read from
+        ``state``; the next ``submit`` waits for the allocation to finish. An allocation
+        failure is logged, and the snapshot then allocates as usual."""
+        if self._closed:
+            raise RuntimeError("CheckpointWriter is closed")
+        if not self.background or self._buffers is None:
+            return
+        self._join()  # a write in flight still uses the buffers; its error stays pending
+        copier = _Copier(copy_cpu=True, buffers=None, pin_memory=self.pin_memory, static=self.static)
+        sizes = copier.sizes(state)
+        buffers = self._buffers
+
+        def allocate() -> None:
+            t0 = time.perf_counter()
+            try:
+                buffers.reserve(sizes)
+            except Exception as exc:  # e.g. out of (pinnable) memory
+                buffers.release()
+                logger.warning("could not reserve %.1f GB for checkpoint snapshots (%s: %s); each save will "
+                               "allocate its snapshot", sum(n for n, _ in sizes) / 1e9, type(exc).__name__, exc)
+                return
+            logger.info("reserved %.1f GB of host memory for checkpoint snapshots in %.1f s",
+                        buffers.nbytes / 1e9, time.perf_counter() - t0)
+
+        self._thread = threading.Thread(target=allocate, name="checkpoint-writer-reserve", daemon=True)
+        self._thread.start()
 
     def wait(self) -> Path | None:
         """Block until the save in flight is complete; return the newest complete checkpoint."""
@@ -347,4 +452,4 @@ class CheckpointWriter:
                         time.perf_counter() - t0)
 
 
-__all__ = ["CheckpointWriter", "SnapshotBuffers", "snapshot", "to_host"]
+__all__ = ["CheckpointWriter", "SnapshotBuffers", "os_error_in_chain", "snapshot", "to_host"]
