@@ -243,7 +243,11 @@ def machine() -> str:
             f"({torch.get_num_threads()} threads), Python {platform.python_version()}")
 
 
-def filesystem_of(path: Path) -> str:
+RAM_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def mount_of(path: Path) -> tuple[str, str, str]:
+    """(device, filesystem type, mount point) holding ``path``."""
     best = ("?", "?", "")
     try:
         for line in Path("/proc/mounts").read_text().splitlines():
@@ -252,8 +256,12 @@ def filesystem_of(path: Path) -> str:
                 best = (dev, fstype, mnt)
     except OSError:
         pass
-    return f"{best[0]} ({best[1]}) mounted at {best[2] or '?'}"
+    return best
 
+
+def filesystem_of(path: Path) -> str:
+    dev, fstype, mnt = mount_of(path)
+    return f"{dev} ({fstype}) mounted at {mnt or '?'}"
 
 def mem_available() -> int | None:
     try:
@@ -272,12 +280,15 @@ def check_room(base: Path, nbytes: int, device: str) -> None:
         raise BenchError(f"not enough disk space in {base}: {free / 1e9:.1f} GB free, {disk_need / 1e9:.1f} GB "
                          f"needed (two checkpoints of {nbytes / 1e9:.1f} GB + 10%); pass a smaller --scale or "
                          f"another --work-dir")
-    # Host memory: the state (on a GPU it is on the device) plus the snapshot.
-    mem_need = int((nbytes if device == "cpu" else 0) * 1.1 + nbytes * 1.1 + 2**30)
+    # Host memory: the state (on a GPU it is on the device) plus the snapshot, plus the
+    # files themselves when the work dir is a RAM filesystem.
+    in_ram = mount_of(base)[1] in RAM_FILESYSTEMS
+    mem_need = int((nbytes if device == "cpu" else 0) * 1.1 + nbytes * 1.1 + (disk_need if in_ram else 0) + 2**30)
     avail = mem_available()
     if avail is not None and avail < mem_need:
         raise BenchError(f"not enough memory: {avail / 1e9:.1f} GB available, {mem_need / 1e9:.1f} GB needed "
-                         f"(state and its snapshot); pass a smaller --scale")
+                         f"(state and its snapshot{', and the files: ' + str(base) + ' is in RAM' if in_ram else ''}); "
+                         f"pass a smaller --scale or another --work-dir")
 
 
 def fmt(xs: list[float]) -> str:
@@ -287,7 +298,8 @@ def fmt(xs: list[float]) -> str:
 def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     base = (args.work_dir or Path(tempfile.gettempdir())).resolve()
-    base.mkdir(parents=True, exist_ok=True)
+    if not base.is_dir():
+        raise BenchError(f"--work-dir {base} is not an existing directory")
     trained, carried = official_shapes()
     expected = state_bytes(trained, carried, args.scale)
     check_room(base, expected, args.device)
@@ -304,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
           f"{'copied at each snapshot' if args.copy_carried else 'passed as static (not copied)'}")
 
     work_dir = Path(tempfile.mkdtemp(prefix="save_stall_", dir=base))
+    print(f"writing into {work_dir} (deleted at the end; delete it by hand if this process is killed)", flush=True)
     try:
         mgr = CheckpointManager(work_dir, keep=1)
         sync_writer = CheckpointWriter(mgr, background=False)
