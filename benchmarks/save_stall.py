@@ -61,9 +61,10 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from trainers.checkpoint_io import CheckpointManager  # noqa: E402
-from trainers.checkpoint_writer import CheckpointWriter  # noqa: E402
-from trainers.gpt_model import CARRIED_PREFIXES, GPTConfig, UnifiedVoiceGPT  # noqa: E402
+from trainers.checkpoint.files import CheckpointManager  # noqa: E402
+from trainers.checkpoint.writer import CheckpointWriter  # noqa: E402
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT  # noqa: E402
+from trainers.model.weights import CARRIED_PREFIXES  # noqa: E402
 
 TARGET_FRACTION = 0.10
 OFFICIAL_TOTAL_PARAMS = 866_000_000  # official gpt.pth, group A + group B

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.checkpoint_io import CheckpointManager, load_checkpoint
-from trainers.checkpoint_writer import CheckpointWriter, SnapshotBuffers, os_error_in_chain, snapshot, to_host
+from trainers.checkpoint.files import CheckpointManager, load_checkpoint
+from trainers.checkpoint.writer import CheckpointWriter, SnapshotBuffers, os_error_in_chain, snapshot, to_host
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -420,8 +420,8 @@ CHILD = textwrap.dedent(
     import sys, threading, time
     from pathlib import Path
     import torch
-    from trainers.checkpoint_io import CheckpointManager
-    from trainers.checkpoint_writer import CheckpointWriter
+    from trainers.checkpoint.files import CheckpointManager
+    from trainers.checkpoint.writer import CheckpointWriter
     from trainers.faults import KillPoint
 
     run_dir, kill_point, background, ending = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import torch
 
-from trainers.checkpoint_io import CheckpointManager
+from trainers.checkpoint.files import CheckpointManager
 
 logger = logging.getLogger(__name__)
 
