@@ -422,7 +422,7 @@ CHILD = textwrap.dedent(
     import torch
     from trainers.checkpoint.files import CheckpointManager
     from trainers.checkpoint.writer import CheckpointWriter
-    from trainers.faults import KillPoint
+    from trainers.training.faults import KillPoint
 
     run_dir, kill_point, background, ending = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
     kill = KillPoint(kill_point)
