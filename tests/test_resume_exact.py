@@ -227,3 +227,40 @@ def test_effective_batch_change_when_allowed_resumes_at_the_sample_offset(demo_a
     assert "resuming epoch 0 at sample 96 (step 3)" in changed.stderr
     state = final_state(out)
     assert (state.step, state.epoch, state.step_in_epoch) == (7, 0, 4)
+
+
+def test_sighup_from_a_closing_terminal_saves_and_exits_129(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    stopped = train_here(out, *demo_assets, *COMMON, kill_at="SIGHUP@micro:4:1")
+    assert stopped.returncode == 129, stopped.stderr
+    assert "received SIGHUP" in stopped.stderr
+    assert final_state(out).step == 4
+
+
+@pytest.mark.parametrize("signal_name, status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_second_signal_abandons_the_step_without_saving(demo_assets, tmp_path, signal_name, status):
+    out = tmp_path / "run"
+    kills = f"{signal_name}@micro:8:0,{signal_name}@micro:8:1"  # the second arrives before step 8 is done
+    stopped = train_here(out, *demo_assets, *COMMON, kill_at=kills)
+    assert stopped.returncode == status, stopped.stderr
+    assert "second stop signal" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert final_state(out).step == 6  # the last checkpoint before the signals; step 8 was not saved
+    assert not (out / "model_step8.pth").exists()
+
+
+def test_a_signal_during_the_final_validation_still_saves_then_exits_with_its_status(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    stopped = train_here(out, *demo_assets, *COMMON, "--max-steps", "5", "--lr-decay-steps", str(STEPS),
+                         kill_at="SIGTERM@validation:5")
+    assert stopped.returncode == 143, stopped.stderr
+    assert final_state(out).step == 5
+
+
+def test_a_signal_during_start_up_stops_at_once_without_a_traceback(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    stopped = train_here(out, *demo_assets, *COMMON, kill_at="SIGINT@setup")
+    assert stopped.returncode == 130, stopped.stderr
+    assert "stopped by SIGINT during start-up" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert not (out / "latest.pth").exists()
+    resumed = train_here(out, "--resume", "auto", "--max-steps", "2")  # the run's settings were kept
+    assert resumed.returncode == 0, resumed.stderr

@@ -10,8 +10,7 @@ EXIT_USAGE = 2  # bad flags, data, config or run directory
 EXIT_DIVERGED = 3
 EXIT_SAVE_FAILED = 4
 EXIT_OUT_OF_MEMORY = 5
-EXIT_SIGINT = 130  # 128 + SIGINT, the shell convention
-EXIT_SIGTERM = 143  # 128 + SIGTERM
+# A stop signal exits with 128 + its number, the shell convention: 129 SIGHUP, 130 SIGINT, 143 SIGTERM.
 
 
 class UserError(Exception):

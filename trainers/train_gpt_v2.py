@@ -24,6 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainers.config.flags import CommandLine, parse_command_line  # noqa: E402
 
 if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
+    import signal
+
+    # Until main() installs its handlers, Ctrl-C ends the start-up quietly instead of with a traceback.
+    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(128 + signum))
     COMMAND_LINE = parse_command_line()
 
 import logging  # noqa: E402
@@ -37,14 +41,13 @@ from tqdm import tqdm  # noqa: E402
 from trainers.data.data_order import MicroBatchSampler, StepPlan  # noqa: E402
 from trainers.data.features import FeatureError, collate_batch  # noqa: E402
 from trainers.errors import (  # noqa: E402
-    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_SIGINT, EXIT_USAGE, CheckpointWriteError,
-    UserError,
+    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError, UserError,
 )
 from trainers.hardware.oom_recovery import OutOfMemoryStop, StepOutOfMemory, oom_message, release_memory  # noqa: E402
 from trainers.model.gpt_model import dropout_keys  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
 from trainers.training.faults import KillPoint  # noqa: E402
-from trainers.training.stop_signals import StopRequest, ignore_stop_signals  # noqa: E402
+from trainers.training.stop_signals import StopNow, StopRequest, ignore_stop_signals  # noqa: E402
 from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
 
 log = logging.getLogger("train")
@@ -55,19 +58,25 @@ MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
 def main(argv: list[str] | None = None, command: CommandLine | None = None) -> int:
     cmd = command or parse_command_line(argv)
     setup_logging()
+    stop = StopRequest().install()
+    kill = KillPoint.from_env()
     try:
         run = setup_run(cmd)
+        kill.check("setup")
+        stop.training = True
+        return train(run, stop, kill)
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
-    try:
-        return train(run)
-    except KeyboardInterrupt:  # a second stop signal: the step is abandoned, the last checkpoint stands
-        return EXIT_SIGINT
+    except StopNow as exc:
+        if not stop.training:
+            log.warning("stopped by %s during start-up: nothing was trained, no checkpoint was changed", exc)
+        return exc.exit_status  # during training: a second signal abandoned the step, the last checkpoint stands
+    finally:
+        stop.uninstall()
 
 
-def train(run: Run) -> int:
-    kill = KillPoint.from_env()
+def train(run: Run, stop: StopRequest, kill: KillPoint) -> int:
     run.checkpoints.files.on_event = kill.on_checkpoint_event
     cfg = run.cfg.train
     tlog = TrainLog(run.cfg.run_dir, run.progress.step, history=run.progress.history,
@@ -77,22 +86,21 @@ def train(run: Run) -> int:
                  run.progress.step)
         tlog.close()
         return EXIT_OK
-    stop = StopRequest().install()
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step", disable=None, dynamic_ncols=True)
     first_step = run.progress.step
     tlog.scalar("hardware/micro_batch", run.hw.split.micro_batch, run.progress.step)
     try:
         if run.progress.step == 0:
-            evaluate(run, tlog)
+            evaluate(run, tlog, kill)
         stopped = train_steps(run, tlog, bar, stop, kill)
         if stopped is not None:
             return stopped
         tlog.flush_interval(run.progress.step, run.data.epoch, run.total_steps)
-        evaluate(run, tlog)
+        evaluate(run, tlog, kill)
         run.checkpoints.save(run.progress.step)
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
                  "--max-steps or --epochs", run.progress.step, run.data.epoch, run.data.step_in_epoch)
-        return EXIT_OK
+        return stop.exit_status if stop.requested else EXIT_OK  # a signal during the final validation
     except CheckpointWriteError as exc:
         log.error("%s", exc)
         return EXIT_SAVE_FAILED
@@ -113,7 +121,6 @@ def train(run: Run) -> int:
     finally:
         bar.close()
         tlog.close()
-        stop.uninstall()
 
 
 def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, kill: KillPoint) -> int | None:
@@ -154,7 +161,7 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, kill: Ki
                 tlog.flush_interval(progress.step, plan.epoch, run.total_steps)
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if cfg.val_interval and progress.step % cfg.val_interval == 0 and not last:
-                evaluate(run, tlog)
+                evaluate(run, tlog, kill)
                 run.model.train()
             if (progress.step % cfg.save_interval == 0 and not last) or stop.requested:
                 run.checkpoints.save(progress.step)
@@ -222,10 +229,11 @@ def accumulate_gradients(run: Run, plan: StepPlan, batches, kill: KillPoint) -> 
     return totals
 
 
-def evaluate(run: Run, tlog: TrainLog) -> dict[str, float] | None:
+def evaluate(run: Run, tlog: TrainLog, kill: KillPoint) -> dict[str, float] | None:
     """Validation on a fixed set of samples; on out-of-memory, again from the start with half the batch."""
     if run.val_set is None:
         return None
+    kill.check("validation", run.progress.step)
     cfg = run.cfg.train
     count = len(run.val_set)
     if cfg.max_val_batches:  # the set depends on settings only, never on the hardware's batch size

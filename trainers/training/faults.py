@@ -1,11 +1,13 @@
 """Fault injection for tests: signal this process at a named point of training.
 
-Set INDEXTTS_TRAIN_KILL_AT to one of
+Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
+  setup               when start-up has finished, before the first step
   micro:STEP:J        after micro-batch J (0-based) of optimizer step STEP (1-based): mid accumulation
   step:STEP           after optimizer step STEP and any checkpoint it saves
-  save:STEP:EVENT     during the checkpoint save of STEP, at a checkpoint_io event
+  save:STEP:EVENT     during the checkpoint save of STEP, at a checkpoint file event
                       (tmp_written, renamed or linked)
-optionally prefixed with a signal name, e.g. SIGTERM@micro:7:1 (default SIGKILL). SIGKILL is
+  validation:STEP     when the validation after STEP optimizer steps begins
+each optionally prefixed with a signal name, e.g. SIGTERM@micro:7:1 (default SIGKILL). SIGKILL is
 real: nothing gets to clean up, as when a cloud machine is preempted.
 
 Out-of-memory errors are injected the same way, so the recovery path runs on a CPU:
@@ -27,20 +29,21 @@ ENV_VAR = "INDEXTTS_TRAIN_KILL_AT"
 
 @dataclass(frozen=True)
 class KillPoint:
-    point: str | None = None
-    signum: int = signal.SIGKILL
+    points: tuple[tuple[str, int], ...] = ()  # (point, signal number)
 
     @classmethod
     def from_env(cls) -> "KillPoint":
-        spec = os.environ.get(ENV_VAR) or None
-        if spec and "@" in spec:
-            name, point = spec.split("@", 1)
-            return cls(point, signal.Signals[name].value)
-        return cls(spec)
+        points = []
+        for spec in filter(None, (os.environ.get(ENV_VAR) or "").split(",")):
+            name, _, point = spec.rpartition("@")
+            points.append((point, signal.Signals[name].value if name else signal.SIGKILL))
+        return cls(tuple(points))
 
     def check(self, *parts: object) -> None:
-        if self.point is not None and ":".join(str(p) for p in parts) == self.point:
-            os.kill(os.getpid(), self.signum)
+        here = ":".join(str(p) for p in parts)
+        for point, signum in self.points:
+            if point == here:
+                os.kill(os.getpid(), signum)
 
     def on_checkpoint_event(self, event: str, step: int) -> None:
         self.check("save", step, event)

@@ -1,8 +1,10 @@
-"""Turn SIGINT/SIGTERM into a request to stop at the next optimizer-step boundary.
+"""Turn SIGINT, SIGTERM and SIGHUP into a request to stop at the next optimizer-step boundary.
 
-The first signal lets the current step finish, so the trainer can save a checkpoint and exit
-with a documented status. A second signal abandons the step at once (KeyboardInterrupt);
-the last complete checkpoint on disk is untouched.
+SIGHUP is what a closing SSH session or studio terminal sends, so it is treated like SIGTERM.
+Before training starts there is nothing to save: a signal stops at once (`StopNow`). During
+training the first signal lets the current step finish, so the trainer can save a checkpoint
+and exit with 128 + the signal number; a second one abandons the step at once (`StopNow`),
+leaving the last complete checkpoint on disk untouched.
 """
 from __future__ import annotations
 
@@ -11,19 +13,31 @@ import signal
 from dataclasses import dataclass, field
 from types import FrameType
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("train")
 
-EXIT_SIGINT = 130  # 128 + SIGINT, the shell convention
-EXIT_SIGTERM = 143  # 128 + SIGTERM
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class StopNow(BaseException):
+    """A stop signal that cannot wait for a step boundary (BaseException: no `except Exception` swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
 
 
 @dataclass
 class StopRequest:
     signum: int | None = None
+    training: bool = False  # False: a signal stops at once; True: at the next step boundary
     _previous: dict[int, object] = field(default_factory=dict)
 
     def install(self) -> "StopRequest":
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -38,22 +52,23 @@ class StopRequest:
 
     @property
     def exit_status(self) -> int:
-        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
+        return 128 + (self.signum or signal.SIGTERM)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if not self.training:
+            raise StopNow(signum)
         if self.signum is not None:
-            log.warning("second stop signal: abandoning the current step; the last saved checkpoint is intact")
-            raise KeyboardInterrupt
+            log.warning("second stop signal (%s): abandoning the current step; the last saved checkpoint is intact",
+                        name)
+            raise StopNow(signum)
         self.signum = signum
-        log.warning(
-            "received %s: finishing the current optimizer step, then saving a checkpoint and exiting "
-            "(send it again to abandon the step without saving)",
-            signal.Signals(signum).name,
-        )
+        log.warning("received %s: finishing the current optimizer step, then saving a checkpoint and exiting "
+                    "(send it again to abandon the step without saving)", name)
 
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:
     """For data-loading workers: a terminal's Ctrl-C reaches the whole process group, and the
     main process alone decides when to stop (it shuts its workers down itself)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
