@@ -110,16 +110,17 @@ def atomic_torch_save(
     _emit(on_event, "renamed", step)
 
 
-def load_checkpoint(path: Path) -> dict:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict:
     """Load a checkpoint (or any torch file holding a dict) on CPU with ``weights_only=True``.
 
     Raises CheckpointError naming the file and the reason for any failure; callers that read
     files the user named (a base checkpoint, a file to inspect) phrase their own advice from
-    ``CheckpointError.reason``.
+    ``CheckpointError.reason``. With ``mmap`` tensors are mapped from the file instead of read,
+    so a reader that needs only the metadata of a multi-GB checkpoint reads a few kilobytes.
     """
     path = Path(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(path, "file not found") from None
     except IsADirectoryError:

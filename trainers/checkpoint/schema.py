@@ -83,8 +83,9 @@ def parse(obj: Any, path: Path) -> "Checkpoint":
     return Checkpoint(sections, path, int(version))
 
 
-def read(path: Path) -> "Checkpoint":
-    return parse(load_checkpoint(path), Path(path))
+def read(path: Path, mmap: bool = False) -> "Checkpoint":
+    """Read and validate a checkpoint file; `mmap` maps tensors instead of reading them (metadata readers)."""
+    return parse(load_checkpoint(path, mmap=mmap), Path(path))
 
 
 def _problems(sections: Mapping[str, Any]) -> list[str]:
