@@ -15,10 +15,11 @@ from trainers.run.resolve import RunConfig
 log = logging.getLogger("train")
 
 
-def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> None:
+def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> list[str]:
     """Log every difference from the saved run; stop on those that would change the result.
 
-    Runs before the model is built, so a wrong flag costs seconds and touches nothing.
+    Runs before the model is built, so a wrong flag costs seconds and touches nothing. Returns
+    the differences, described, for the run's history.
     """
     saved = TrainConfig.from_dict(saved_settings(ckpt.settings))
     changes = compare(saved, cfg.train, ckpt.fingerprints, cfg.fingerprints)
@@ -26,7 +27,7 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
         log.info("setting differs from the saved run: %s", change.describe())
     breaking = [c for c in changes if c.breaks_exactness]
     if not breaking or cmd.allow_config_change:
-        return
+        return [c.describe() for c in changes]
     lines = [f"resuming {path} with these changes would not reproduce the uninterrupted run:",
              *[f"  {c.describe()}" for c in breaking]]
     if any(c.key == "tokenizer" for c in breaking):

@@ -56,8 +56,7 @@ def setup_run(cmd: CommandLine) -> Run:
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
     same_device = cfg.train.device in ("auto", cmd.given.get("device"))
     hardware = machine if same_device else detect_hardware(pick_device(cfg.train.device))
-    if resume and resume.checkpoint:
-        refuse_breaking_changes(cfg, resume.checkpoint, resume.path, cmd)
+    changes = refuse_breaking_changes(cfg, resume.checkpoint, resume.path, cmd) if resume and resume.checkpoint else []
     if cfg.train.deterministic:
         make_deterministic()
 
@@ -71,6 +70,7 @@ def setup_run(cmd: CommandLine) -> Run:
                                   "rng": ProcessRNG(), "run": cfg, "hardware": hw}
     if resume and resume.checkpoint:
         restore(components, resume.checkpoint, resume.path, cmd)
+    progress.record_start(resume.path if resume and resume.checkpoint else None, machine.cache_key(), changes)
 
     prepare_run_dir(run_dir)
     write_run_config(run_dir, cfg.state_dict(), machine.cache_key())
