@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from trainers.checkpoint.files import CheckpointManager, load_checkpoint
-from trainers.checkpoint.writer import CheckpointWriter, SnapshotBuffers, os_error_in_chain, snapshot, to_host
+from trainers.checkpoint.files import os_error_in_chain
+from trainers.checkpoint.writer import CheckpointWriter, SnapshotBuffers, snapshot, to_host
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,14 +6,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
 
 from trainers.data import data_order
 from trainers.data.features import FeatureSpec
 from trainers.data.manifest import Sample
 from trainers.data.train_data import TrainData
-from trainers.data.data_order import (DataOrder, MicroBatchSampler, epoch_order,
+from trainers.data.data_order import (DataOrder, epoch_order,
                                       grouped_epoch_order, packed_lengths, steps_per_epoch)
 
 
@@ -62,33 +60,6 @@ def test_train_data_moves_to_the_next_epoch_after_its_last_step(grouped):
     data.advance(plans[3])  # one past the last step of an epoch is step 0 of the next
     assert (data.epoch, data.step_in_epoch, data.samples_in_epoch) == (1, 0, 0)
     assert data.steps_left(epochs=2) == 4 and data.steps_left(epochs=1) == 0
-
-
-class _Indices(Dataset):
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
-def test_worker_count_does_not_change_what_the_loader_yields():
-    plans = DataOrder(seed=1, num_samples=64, effective_batch=8).plan_epoch(0, 2, 3)
-    expected = [mb for p in plans for mb in p.micro_batches]
-    for workers in (0, 2):
-        loader = DataLoader(_Indices(), batch_sampler=MicroBatchSampler(plans), num_workers=workers,
-                            collate_fn=list, generator=torch.Generator().manual_seed(0))
-        assert list(loader) == expected
-
-
-def test_creating_a_loader_does_not_draw_from_the_global_rng():
-    plans = DataOrder(seed=1, num_samples=64, effective_batch=8).plan_epoch(0, 0, 8)
-    torch.manual_seed(0)
-    before = torch.get_rng_state()
-    loader = DataLoader(_Indices(), batch_sampler=MicroBatchSampler(plans), num_workers=2, collate_fn=list,
-                        generator=torch.Generator().manual_seed(0))
-    next(iter(loader))
-    assert torch.equal(torch.get_rng_state(), before)
 
 
 # --- plain order: exactly the order of runs made before length grouping existed ----------------

@@ -1,4 +1,3 @@
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -153,20 +152,6 @@ def test_pickled_object_arrays_are_refused(tmp_path):
     assert "text_ids" in load_error(sample)
 
 
-def test_trailing_run_warns_once_per_sample(tmp_path, caplog):
-    codes = np.concatenate([np.arange(4), np.full(20, 7)]).astype(np.int32)
-    padded = make_sample(tmp_path, index=0, codes=codes)
-    clean = make_sample(tmp_path, index=1, codes=np.concatenate([np.arange(5), np.full(15, 7)]).astype(np.int32))
-    dataset = FeatureDataset([padded, clean], SPEC)
-    with caplog.at_level(logging.WARNING, logger="trainers.data.features"):
-        for _ in range(3):
-            dataset[0]
-            dataset[1]
-    records = [r.getMessage() for r in caplog.records if r.name == "trainers.data.features"]
-    assert len(records) == 1
-    assert padded.codes_path in records[0] and "20 identical" in records[0] and "padding" in records[0]
-
-
 def test_trailing_run_length():
     assert trailing_run_length(np.array([1, 2, 2, 2])) == 3
     assert trailing_run_length(np.array([5, 5])) == 2
@@ -204,13 +189,6 @@ def test_batch_to_moves_tensors_and_keeps_ids(tmp_path):
     assert moved.ids == batch.ids and moved.ids is not batch.ids
     assert torch.equal(moved.codes, batch.codes)
     assert moved.to(torch.device("meta")).condition.device.type == "meta"
-
-
-def test_dataloader_with_workers(tmp_path):
-    samples = [make_sample(tmp_path, index=i) for i in range(5)]
-    loader = DataLoader(FeatureDataset(samples, SPEC), batch_size=2, collate_fn=collate_batch, num_workers=2)
-    batches = list(loader)
-    assert [b.indices.tolist() for b in batches] == [[0, 1], [2, 3], [4]]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")

@@ -1,4 +1,8 @@
-"""Base vocabulary rows stay bit-identical through AdamW decay, moments and clipping."""
+"""Base vocabulary rows stay bit-identical through AdamW decay, moments and clipping.
+
+These drive the trainer's own optimizer step (trainers/training/optimization.py), so a change of
+its order (freezing after clipping, or no freezing at all) fails here.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -7,12 +11,15 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT
-from trainers.model.weights import TEXT_ROW_KEYS, resize_text_rows
+from trainers.config.settings import TrainConfig
 from trainers.model.frozen_rows import FrozenTextRows
 from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.model.weights import TEXT_ROW_KEYS, resize_text_rows
+from trainers.training.optimization import Optimization
 
 BASE = TINY_GPT.number_text_tokens  # 20
 EXTENDED = BASE + 6
+CFG = TrainConfig(learning_rate=1e-2, warmup_steps=0, lr_decay_steps=100, weight_decay=0.1, grad_clip=0.5)
 
 
 def _extended_model() -> tuple[UnifiedVoiceGPT, dict[str, torch.Tensor]]:
@@ -26,26 +33,23 @@ def _extended_model() -> tuple[UnifiedVoiceGPT, dict[str, torch.Tensor]]:
     return model, base
 
 
-def _train(model: UnifiedVoiceGPT, frozen: FrozenTextRows | None, steps: int = 6) -> torch.optim.Optimizer:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=1e-2)
+def _backward(model: UnifiedVoiceGPT, optim: Optimization, g: torch.Generator) -> None:
+    text = torch.randint(0, EXTENDED, (4, 8), generator=g)  # base and new ids
+    codes = torch.randint(0, TINY_GPT.start_mel_token, (4, 10), generator=g)
+    sums = model.loss_sums(torch.randn(4, 32, TINY_GPT.model_dim, generator=g),
+                           torch.randn(4, TINY_GPT.model_dim, generator=g), text, torch.full((4,), 8), codes,
+                           torch.full((4,), 10))
+    optim.backward(sums["text_ce"] + sums["mel_ce"])
+
+
+def _train(model: UnifiedVoiceGPT, frozen: FrozenTextRows | None, steps: int = 6) -> Optimization:
+    optim = Optimization(model, CFG, fp16=False, frozen=frozen, device_type="cpu")
     g = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        text = torch.randint(0, EXTENDED, (4, 8), generator=g)  # base and new ids
-        codes = torch.randint(0, TINY_GPT.start_mel_token, (4, 10), generator=g)
-        sums = model.loss_sums(torch.randn(4, 32, TINY_GPT.model_dim, generator=g),
-                               torch.randn(4, TINY_GPT.model_dim, generator=g), text, torch.full((4,), 8), codes,
-                               torch.full((4,), 10))
-        (sums["text_ce"] + sums["mel_ce"]).backward()
-        if frozen:
-            frozen.zero_grads()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-        opt.step()
-        if frozen:
-            frozen.restore()
-        opt.zero_grad(set_to_none=True)
-    return opt
+    for step in range(steps):
+        optim.start_step(step)
+        _backward(model, optim, g)
+        assert optim.step().applied
+    return optim
 
 
 def _base_rows(t: torch.Tensor) -> torch.Tensor:
@@ -72,14 +76,43 @@ def test_without_freezing_the_same_training_moves_the_base_rows():
 
 def test_frozen_rows_leave_no_adam_moments():
     model, _ = _extended_model()
-    opt = _train(model, FrozenTextRows.capture(model, BASE))
-    moments = opt.state[model.text_embedding.weight]
+    optim = _train(model, FrozenTextRows.capture(model, BASE))
+    moments = optim.optimizer.state[model.text_embedding.weight]
     assert torch.count_nonzero(_base_rows(moments["exp_avg"])) == 0
     assert torch.count_nonzero(_base_rows(moments["exp_avg_sq"])) == 0
     assert torch.count_nonzero(moments["exp_avg"][BASE:-1]) > 0
+
+
+def test_frozen_rows_do_not_count_in_the_clipping_norm():
+    model, _ = _extended_model()
+    frozen = FrozenTextRows.capture(model, BASE)
+    optim = Optimization(model, CFG, fp16=False, frozen=frozen, device_type="cpu")
+    _backward(model, optim, torch.Generator().manual_seed(2))
+    grads = {id(p): p.grad.clone() for p in optim.params}
+    for p in frozen.params:
+        grads[id(p)][:BASE] = 0
+        grads[id(p)][-1:] = 0
+    without_frozen = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads.values()])))
+    with_frozen = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in optim.params])))
+    assert with_frozen > without_frozen * 1.001  # the base rows do receive gradients
+    assert optim.prepare() == pytest.approx(without_frozen, rel=1e-6)
 
 
 def test_capture_refuses_a_base_larger_than_the_table():
     model, _ = _extended_model()
     with pytest.raises(ValueError):
         FrozenTextRows.capture(model, EXTENDED + 1)
+
+
+def test_an_fp16_loss_scaler_skip_is_reported_as_a_skipped_step():
+    model, _ = _extended_model()
+    optim = Optimization(model, CFG, fp16=True, frozen=None, device_type="cpu")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    optim.start_step(0)
+    optim.backward(sum(p.sum() for p in model.parameters()) * float("inf"))
+    scale = optim.scaler.get_scale()
+    result = optim.step()
+    assert not result.applied and optim.scaler.get_scale() == scale / 2
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    _backward(model, optim, torch.Generator().manual_seed(3))
+    assert optim.step().applied

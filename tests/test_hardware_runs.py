@@ -142,3 +142,22 @@ def test_checkpoint_from_a_cuda_machine_resumes_on_this_one(large_half, large_re
     assert "mixed precision changed from torch.bfloat16 to None" in resumed.stderr
     a, b = final_state(large_reference), final_state(out)
     assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)  # same machine underneath: exact
+
+
+@pytest.mark.parametrize("point", ["5:clip", "5:1:cublas"])
+def test_oom_in_clipping_or_from_cublas_is_recovered_like_one_in_forward_backward(demo_assets, small_reference,
+                                                                                 tmp_path, point):
+    out = tmp_path / "run"
+    result = train_here(out, *demo_assets, *SMALL, env={"INDEXTTS_TRAIN_OOM_AT": point})
+    assert result.returncode == 0, result.stderr
+    assert "out of memory at step 5 with micro-batch 8" in result.stderr
+    assert (out / "sample_ids.tsv").read_text() == (small_reference / "sample_ids.tsv").read_text()
+    assert_close_weights(small_reference, out)
+
+
+def test_oom_in_the_optimizer_update_stops_with_5_and_saves_nothing(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    result = train_here(out, *demo_assets, *SMALL, "--save-interval", "2", env={"INDEXTTS_TRAIN_OOM_AT": "5:update"})
+    assert result.returncode == 5, result.stderr
+    assert "out of memory outside the forward/backward pass, at step 5" in result.stderr
+    assert final_state(out).step == 4  # the update may have been half applied: nothing of step 5 is kept

@@ -1,4 +1,4 @@
-from trainers.training.lr_schedule import WarmupCosine
+from trainers.training.lr_schedule import LRSchedule, WarmupCosine
 
 
 def test_warmup_then_cosine_to_the_floor():
@@ -13,3 +13,14 @@ def test_warmup_then_cosine_to_the_floor():
 def test_extending_past_the_horizon_never_jumps():
     s = WarmupCosine(base_lr=1e-3, warmup_steps=0, decay_steps=100, min_lr_ratio=0.05)
     assert s.lr_at(100) == s.lr_at(150) == s.lr_at(10_000) == 1e-3 * 0.05
+
+
+def test_a_continuation_starts_at_the_last_rate_and_ends_at_the_floor():
+    s = LRSchedule(WarmupCosine(base_lr=1e-3, warmup_steps=2, decay_steps=8, min_lr_ratio=0.0))
+    longer = s.continued(step=6, end_step=16)
+    assert [longer.lr_at(i) for i in range(6)] == [s.lr_at(i) for i in range(6)]  # the past is unchanged
+    assert longer.lr_at(6) == s.lr_at(5) > 0  # no jump: step 6 uses step 5's rate
+    values = [longer.lr_at(i) for i in range(6, 17)]
+    assert all(a > b for a, b in zip(values, values[1:])) and longer.lr_at(16) == 0.0 == longer.lr_at(30)
+    assert (s.end_step, longer.end_step) == (8, 16)
+    assert LRSchedule.from_state_dict(longer.state_dict()) == longer

@@ -88,6 +88,8 @@ def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(demo_assets, 
             step = int(resumes_from.removeprefix("model_step").removesuffix(".pth"))
             assert f"(step {step}," in resumed.stderr, where
         assert " WARNING " not in resumed.stderr, f"{where}: a healthy resume printed a warning"
+        if kill_at == "save:18:tmp_written":  # the resumed trainer removed the killed save's partial file
+            assert not any(".tmp" in p.name for p in out.iterdir()), where
     assert_same_training(reference, out)
 
 

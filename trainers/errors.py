@@ -19,3 +19,7 @@ class UserError(Exception):
 
 class CheckpointWriteError(RuntimeError):
     """Saving failed (disk full, permissions); training stops rather than run on unsaved (exit 4)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """Weights, optimizer state or a validation loss became non-finite; nothing is saved (exit 3)."""

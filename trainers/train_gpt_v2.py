@@ -35,36 +35,42 @@ import math  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from trainers.data.data_order import MicroBatchSampler, StepPlan  # noqa: E402
-from trainers.data.features import FeatureError, collate_batch  # noqa: E402
+from trainers.data.data_order import StepPlan  # noqa: E402
+from trainers.data.features import FeatureError  # noqa: E402
 from trainers.errors import (  # noqa: E402
-    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError, UserError,
+    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError, TrainingDiverged,
+    UserError,
 )
-from trainers.hardware.oom_recovery import OutOfMemoryStop, StepOutOfMemory, oom_message, release_memory  # noqa: E402
+from trainers.hardware.oom_recovery import (  # noqa: E402
+    OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
+)
 from trainers.model.gpt_model import dropout_keys  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
-from trainers.training.faults import KillPoint  # noqa: E402
-from trainers.training.stop_signals import StopNow, StopRequest, ignore_stop_signals  # noqa: E402
+from trainers.training.faults import Faults  # noqa: E402
+from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402
+from trainers.training.optimization import StepResult  # noqa: E402
 from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
 
 log = logging.getLogger("train")
 
 MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
+# With fp16 the loss scaler skips steps by design while it finds its scale (each skip halves it),
+# so more skips in a row are normal; this many mean the gradients overflow at any scale.
+MAX_SKIPPED_FP16 = 25
 
 
 def main(argv: list[str] | None = None, command: CommandLine | None = None) -> int:
     cmd = command or parse_command_line(argv)
     setup_logging()
     stop = StopRequest().install()
-    kill = KillPoint.from_env()
+    faults = Faults.from_env()
     try:
         run = setup_run(cmd)
-        kill.check("setup")
+        faults.kill.check("setup")
         stop.training = True
-        return train(run, stop, kill)
+        return train(run, stop, faults)
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
@@ -76,8 +82,8 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None) -> i
         stop.uninstall()
 
 
-def train(run: Run, stop: StopRequest, kill: KillPoint) -> int:
-    run.checkpoints.files.on_event = kill.on_checkpoint_event
+def train(run: Run, stop: StopRequest, faults: Faults) -> int:
+    run.checkpoints.files.on_event = faults.kill.on_checkpoint_event
     cfg = run.cfg.train
     tlog = TrainLog(run.cfg.run_dir, run.progress.step, history=run.progress.history,
                     record_sample_ids=cfg.log_sample_ids)
@@ -91,12 +97,12 @@ def train(run: Run, stop: StopRequest, kill: KillPoint) -> int:
     tlog.scalar("hardware/micro_batch", run.hw.split.micro_batch, run.progress.step)
     try:
         if run.progress.step == 0:
-            evaluate(run, tlog, kill)
-        stopped = train_steps(run, tlog, bar, stop, kill)
+            evaluate(run, tlog, faults)
+        stopped = train_steps(run, tlog, bar, stop, faults)
         if stopped is not None:
             return stopped
         tlog.flush_interval(run.progress.step, run.data.epoch, run.total_steps)
-        evaluate(run, tlog, kill)
+        evaluate(run, tlog, faults)
         run.checkpoints.save(run.progress.step)
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
                  "--max-steps or --epochs", run.progress.step, run.data.epoch, run.data.step_in_epoch)
@@ -104,6 +110,11 @@ def train(run: Run, stop: StopRequest, kill: KillPoint) -> int:
     except CheckpointWriteError as exc:
         log.error("%s", exc)
         return EXIT_SAVE_FAILED
+    except TrainingDiverged as exc:
+        log.error("training diverged at step %d: %s. Nothing was saved from it; the last checkpoint (%s) is intact. "
+                  "Lower --learning-rate, check the data, or resume from an earlier model_step*.pth",
+                  run.progress.step, exc, run.checkpoints.newest_name())
+        return EXIT_DIVERGED
     except FeatureError as exc:
         stop_keeping_progress(run, first_step, exc, "fix or drop that sample")
         log.error("(add --allow-config-change to the resume if you edited the training manifest)")
@@ -112,8 +123,10 @@ def train(run: Run, stop: StopRequest, kill: KillPoint) -> int:
         stop_keeping_progress(run, first_step, exc, "free GPU memory (other processes), use --grad-checkpointing, "
                               "or drop the longest samples")
         return EXIT_OUT_OF_MEMORY
-    except torch.OutOfMemoryError as exc:
-        # Outside forward/backward (the optimizer step): the weights may be partly updated, so save nothing.
+    except RuntimeError as exc:
+        if not is_out_of_memory(exc):
+            raise
+        # In the optimizer update: the weights may be partly updated, so save nothing.
         log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
                   "step; the last checkpoint is intact. Free GPU memory and continue with --resume auto --output-dir "
                   "%s", run.progress.step + 1, oom_message(exc), run.cfg.run_dir)
@@ -123,54 +136,56 @@ def train(run: Run, stop: StopRequest, kill: KillPoint) -> int:
         tlog.close()
 
 
-def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, kill: KillPoint) -> int | None:
+def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: Faults) -> int | None:
     """Optimizer steps until the planned end (returns None) or an early stop (returns its exit status)."""
     cfg, progress = run.cfg.train, run.progress
     run.model.train()
     bad_steps, first_step = 0, progress.step
     while progress.step < run.total_steps:
         plans = run.data.plan_epoch(run.hw.split.micro_batch)[: run.total_steps - progress.step]
-        batches = iter(make_loader(run, run.data.dataset, plans))
+        batches = run.train_loader.batches(plans)
         for plan in plans:
             t0 = time.perf_counter()
             try:
-                metrics, lr, grad_norm = train_step(run, plan, batches, kill)
+                metrics, lr, result = train_step(run, plan, batches, faults)
             except StepOutOfMemory as exc:
                 shrink_micro_batch(run, tlog, str(exc))
                 break  # re-plan from the same step: same samples, smaller pieces
-            # With fp16 the GradScaler skips overflowing steps by design while it finds its scale.
-            if not run.optim.scaler.is_enabled() and not math.isfinite(grad_norm):
-                bad_steps += 1
-                log.warning("step %d: non-finite gradient norm, update skipped (%d in a row); if this repeats, "
-                            "lower --learning-rate or check the data", progress.step + 1, bad_steps)
-                if bad_steps >= MAX_BAD_STEPS:
-                    log.error("training diverged: %d non-finite steps in a row; the last checkpoint is intact",
-                              bad_steps)
+            bad_steps = 0 if result.applied else bad_steps + 1
+            if bad_steps:
+                limit = MAX_SKIPPED_FP16 if run.optim.scaler.is_enabled() else MAX_BAD_STEPS
+                log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this repeats, "
+                            "lower --learning-rate or check the data", progress.step + 1, result.grad_norm, bad_steps)
+                if bad_steps >= limit:
+                    log.error("training diverged: %d steps in a row with non-finite gradients%s; the last checkpoint "
+                              "(%s) is intact", bad_steps, " at every loss scale" if run.optim.scaler.is_enabled()
+                              else "", run.checkpoints.newest_name())
                     return EXIT_DIVERGED
-            else:
-                bad_steps = 0
             progress.step_done(metrics.samples)
             run.data.advance(plan)
             if progress.step == first_step + 1:
                 log.info("first optimizer step finished %.2f s after process start", time.monotonic() - PROCESS_START)
             tlog.sample_ids(progress.step, plan.epoch, run.data.ids(plan))
-            tlog.train_step(progress.step, metrics, lr, grad_norm, time.perf_counter() - t0)
+            tlog.train_step(progress.step, metrics, lr, result.grad_norm, time.perf_counter() - t0)
             bar.update(1)
             bar.set_postfix(mel_loss=f"{metrics.means()['mel_loss']:.3f}", refresh=False)
             if progress.step % cfg.log_interval == 0:
                 tlog.flush_interval(progress.step, plan.epoch, run.total_steps)
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if cfg.val_interval and progress.step % cfg.val_interval == 0 and not last:
-                evaluate(run, tlog, kill)
+                evaluate(run, tlog, faults)
                 run.model.train()
             if (progress.step % cfg.save_interval == 0 and not last) or stop.requested:
-                run.checkpoints.save(progress.step)
-            kill.check("step", progress.step)
+                if bad_steps:  # the newest checkpoint stays the last one from before the streak
+                    log.warning("step %d: not saving during a streak of skipped steps; the newest checkpoint is %s",
+                                progress.step, run.checkpoints.newest_name())
+                else:
+                    run.checkpoints.save(progress.step)
+            faults.kill.check("step", progress.step)
             if stop.requested:
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s", progress.step,
                          run.cfg.run_dir)
                 return stop.exit_status
-        del batches  # shut its workers down before the next epoch's (or the re-planned) loader starts
     return None
 
 
@@ -188,24 +203,31 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 
-def train_step(run: Run, plan: StepPlan, batches, kill: KillPoint) -> tuple[StepMetrics, float, float]:
+def train_step(run: Run, plan: StepPlan, batches, faults: Faults) -> tuple[StepMetrics, float, StepResult]:
     """One optimizer step over the plan's micro-batches, with the loss normalised per step."""
-    lr = run.optim.start_step(run.progress.step)
+    step = run.progress.step
+    lr = run.optim.start_step(step)
     oom = None
     try:
-        totals = accumulate_gradients(run, plan, batches, kill)
-    except torch.OutOfMemoryError as exc:
+        totals = accumulate_gradients(run, plan, batches, faults)
+        run.hw.oom.check(0, step + 1, "clip")
+        grad_norm = run.optim.prepare()  # changes no weight: an out-of-memory error here is recoverable too
+    except RuntimeError as exc:
+        if not is_out_of_memory(exc):
+            raise
         # Keep only the text: leaving this handler drops the failed pass's frames, graph and tensors.
         oom = oom_message(exc)
     if oom is not None:
         raise StepOutOfMemory(oom)
     metrics = StepMetrics()
     metrics.add(totals, len(plan.samples))  # one device sync per step, not per micro-batch
-    grad_norm = run.optim.step()
-    return metrics, lr, grad_norm
+    run.hw.oom.check(0, step + 1, "update")
+    result = run.optim.apply(grad_norm)
+    faults.nan.after_update(step + 1, run.optim.params)
+    return metrics, lr, result
 
 
-def accumulate_gradients(run: Run, plan: StepPlan, batches, kill: KillPoint) -> dict[str, torch.Tensor]:
+def accumulate_gradients(run: Run, plan: StepPlan, batches, faults: Faults) -> dict[str, torch.Tensor]:
     """Forward and backward of every micro-batch of the step; returns the summed loss terms."""
     cfg, step = run.cfg.train, run.progress.step
     samples = run.data.samples
@@ -223,25 +245,29 @@ def accumulate_gradients(run: Run, plan: StepPlan, batches, kill: KillPoint) -> 
             sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
                                        batch.code_lens, dropout_keys=keys)
             loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
-        run.optim.backward(loss)
+        run.optim.backward(faults.nan.corrupt_loss(loss, step + 1))
         totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}
-        kill.check("micro", step + 1, j)
+        faults.kill.check("micro", step + 1, j)
     return totals
 
 
-def evaluate(run: Run, tlog: TrainLog, kill: KillPoint) -> dict[str, float] | None:
+def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | None:
     """Validation on a fixed set of samples; on out-of-memory, again from the start with half the batch."""
-    if run.val_set is None:
+    if run.val_loader is None:
         return None
-    kill.check("validation", run.progress.step)
+    faults.kill.check("validation", run.progress.step)
     cfg = run.cfg.train
-    count = len(run.val_set)
+    count = len(run.val_loader.dataset)
     if cfg.max_val_batches:  # the set depends on settings only, never on the hardware's batch size
         count = min(count, cfg.max_val_batches * (cfg.val_batch_size or cfg.effective_batch))
     while True:
         metrics, error = validation_pass(run, count)
         if error is None:
-            return tlog.validation(run.progress.step, metrics)
+            means = tlog.validation(run.progress.step, metrics)
+            bad = sorted(k for k, v in means.items() if not math.isfinite(v))
+            if bad:
+                raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
+            return means
         release_memory(run.hw.device)
         run.hw.halve_val_batch(error)
         log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
@@ -256,31 +282,18 @@ def validation_pass(run: Run, count: int) -> tuple[StepMetrics, str | None]:
     run.model.eval()
     metrics = StepMetrics()
     try:
-        for batch in make_loader(run, run.val_set, [StepPlan(0, 0, chunks)]):
+        for batch in run.val_loader.batches([StepPlan(0, 0, chunks)]):
             batch = batch.to(run.hw.device, non_blocking=True)
             run.hw.oom.check(len(batch.ids))
             with autocast(run):
                 sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens,
                                            batch.codes, batch.code_lens)
             metrics.add(sums, len(batch.ids))
-    except torch.OutOfMemoryError as exc:
+    except RuntimeError as exc:
+        if not is_out_of_memory(exc):
+            raise
         return metrics, oom_message(exc)
     return metrics, None
-
-
-def make_loader(run: Run, dataset, plans: list[StepPlan]) -> DataLoader:
-    # A private generator keeps DataLoader's worker seeding off the global RNG, so creating a
-    # loader mid-epoch on resume draws nothing the uninterrupted run would not have drawn.
-    workers = run.hw.num_workers
-    return DataLoader(
-        dataset,
-        batch_sampler=MicroBatchSampler(plans),
-        num_workers=workers,
-        collate_fn=collate_batch,
-        pin_memory=run.hw.device.type == "cuda",
-        generator=torch.Generator().manual_seed(run.cfg.train.seed),
-        worker_init_fn=ignore_stop_signals if workers else None,
-    )
 
 
 def autocast(run: Run):

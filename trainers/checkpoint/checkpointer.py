@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointEvent, CheckpointManager
-from trainers.errors import CheckpointWriteError
+from trainers.checkpoint.files import CheckpointEvent, CheckpointManager, os_error_in_chain
+from trainers.errors import CheckpointWriteError, TrainingDiverged
 
 log = logging.getLogger("train")
 
@@ -32,15 +32,31 @@ class Checkpointer:
         self.components = dict(components)
 
     def save(self, step: int) -> Path:
-        """Write the checkpoint of `step`; CheckpointWriteError (previous checkpoint intact) if it fails."""
+        """Write the checkpoint of `step`; CheckpointWriteError (previous checkpoint intact) if it fails.
+
+        A checkpoint with a non-finite weight or optimizer value is never written (TrainingDiverged):
+        it would replace, and rotation would then delete, the good ones before it.
+        """
+        for name, component in self.components.items():
+            bad = component.non_finite() if hasattr(component, "non_finite") else None
+            if bad:
+                raise TrainingDiverged(f"{name} tensor {bad} holds non-finite values, so step {step} is not saved")
         state = schema.assemble({name: c.state_dict() for name, c in self.components.items()})
         try:
             path = self.files.save(state, step)
-        except OSError as exc:
-            previous = self.files.find_resume()
+        except (OSError, RuntimeError) as exc:  # torch's writer reports a failed write as a RuntimeError
+            cause = os_error_in_chain(exc)
+            if cause is None:
+                raise
             raise CheckpointWriteError(
-                f"could not write the checkpoint of step {step} in {self.run_dir}: {exc}. The previous checkpoint "
-                f"({previous.name if previous else 'none'}) is intact; free disk space or fix permissions, then "
-                f"continue with --resume auto --output-dir {self.run_dir}") from None
+                f"could not write the checkpoint of step {step} in {self.run_dir}: {cause}. The previous checkpoint "
+                f"({self.newest_name()}) is intact; free disk space or fix permissions, then continue with "
+                f"--resume auto --output-dir {self.run_dir}") from None
         log.info("saved checkpoint %s (step %d)", path, step)
         return path
+
+    def newest_name(self) -> str:
+        """The newest complete checkpoint, by its step file's name where there is one, for messages."""
+        steps = self.files.step_files()
+        newest = steps[-1][1] if steps else self.files.find_resume()
+        return newest.name if newest else "none yet"

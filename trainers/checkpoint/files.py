@@ -135,6 +135,22 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict:
     return obj
 
 
+def os_error_in_chain(exc: BaseException) -> OSError | None:
+    """The ``OSError`` (disk full, permissions) that ``exc`` is or was caused by, if any.
+
+    torch's serializer may report a failed write as a ``RuntimeError`` raised while handling
+    the ``OSError``; a trainer that maps write failures to an exit status should look here
+    rather than at the type alone."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _parse_step(name: str) -> int | None:
     match = _STEP_FILE_RE.match(name)
     return int(match.group(1)) if match else None

@@ -260,22 +260,6 @@ def to_host(state: Any) -> Any:
     return copier.value(state)
 
 
-def os_error_in_chain(exc: BaseException) -> OSError | None:
-    """The ``OSError`` (disk full, permissions) that ``exc`` is or was caused by, if any.
-
-    torch's serializer may report a failed write as a ``RuntimeError`` raised while handling
-    the ``OSError``; a trainer that maps write failures to an exit status should look here
-    rather than at the type alone."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
-
-
 class CheckpointWriter:
     """Writes checkpoints through a ``CheckpointManager``, by default in the background.
 
@@ -452,4 +436,4 @@ class CheckpointWriter:
                         time.perf_counter() - t0)
 
 
-__all__ = ["CheckpointWriter", "SnapshotBuffers", "os_error_in_chain", "snapshot", "to_host"]
+__all__ = ["CheckpointWriter", "SnapshotBuffers", "snapshot", "to_host"]

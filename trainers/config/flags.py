@@ -20,6 +20,7 @@ class CommandLine:
     resume: str | None
     allow_config_change: bool = False
     force_resume: bool = False
+    reconfigure_scheduler: bool = False
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="resume although settings that change the result differ from the saved run")
     rs.add_argument("--force-resume", action="store_true",
                     help="resume although the checkpoint fails a consistency check")
+    rs.add_argument("--reconfigure-scheduler", action="store_true",
+                    help="when resuming to a later end: a new cosine from the current learning rate to the new end "
+                         "(no jump), down to the same floor; without it the saved schedule stands")
     p.add_argument("--demo", action="store_true", help="train the tiny demo config on a built-in synthetic corpus")
     return p
 
@@ -110,13 +114,15 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     resume = ns.pop("resume", None)
     allow = ns.pop("allow_config_change", False)
     force = ns.pop("force_resume", False)
+    reconfigure = ns.pop("reconfigure_scheduler", False)
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
     for key in ("tokenizer", "config", "base_checkpoint", "output_dir"):
         if key in ns and ns[key] is not None:
             ns[key] = os.path.abspath(ns[key])
-    return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force)
+    return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
+                       reconfigure_scheduler=reconfigure)
 
 
 def _absolute_spec(spec: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
@@ -183,17 +182,3 @@ class DataOrder:
                 samples = longest_first(samples, self.lengths)
             plans.append(StepPlan(epoch, first_step + k, split_micro_batches(samples, micro_batch)))
         return plans
-
-
-class MicroBatchSampler:
-    """A DataLoader batch_sampler that yields the micro-batches of a list of step plans."""
-
-    def __init__(self, plans: list[StepPlan]) -> None:
-        self.plans = plans
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for plan in self.plans:
-            yield from plan.micro_batches
-
-    def __len__(self) -> int:
-        return sum(len(p.micro_batches) for p in self.plans)

@@ -21,6 +21,9 @@ from trainers.model.layout import CONDITION_LEN
 logger = logging.getLogger(__name__)
 
 TRAILING_RUN_WARN = 16  # this many identical final codes looks like saved padding
+# Conditioning latents and emotion vectors are normalised encoder outputs; beyond this a value is
+# corrupt (e.g. 1e38 makes every loss overflow) rather than an unusual voice.
+MAX_ABS_FEATURE = 1e4
 
 
 class FeatureError(RuntimeError):
@@ -96,6 +99,10 @@ def _float_array(sample: Sample, what: str, path: str, array: np.ndarray, shape:
     finite = np.isfinite(array)
     if not finite.all():
         raise _fail(sample, what, path, f"contains {int((~finite).sum())} NaN/inf values; re-extract this feature")
+    largest = float(np.abs(array).max()) if array.size else 0.0
+    if largest > MAX_ABS_FEATURE:
+        raise _fail(sample, what, path, f"holds a value of magnitude {largest:.3g}, far beyond what the encoders "
+                                        f"produce (|x| <= {MAX_ABS_FEATURE:g}); re-extract this feature")
     return array.astype(np.float32)
 
 
@@ -113,7 +120,6 @@ class FeatureDataset(Dataset):
     def __init__(self, samples: Sequence[Sample], spec: FeatureSpec) -> None:
         self.samples = list(samples)
         self.spec = spec
-        self._warned_runs: set[int] = set()  # per instance: warn once per sample, not per epoch
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -144,23 +150,8 @@ class FeatureDataset(Dataset):
         if array.ndim == 2 and array.shape[0] == 1:
             array = array[0]  # [1, N] as saved by batch-of-one extractors
         hint = f"semantic codes must be < {self.spec.max_code} (start_mel_token); were stop/special tokens saved as data?"
-        codes = _int_vector(sample, "codes", path, array, sample.code_len, "code_len", self.spec.max_code, hint)
-        self._check_trailing_run(sample, codes)
-        return codes
-
-    def _check_trailing_run(self, sample: Sample, codes: np.ndarray) -> None:
-        run = trailing_run_length(codes)
-        if run < TRAILING_RUN_WARN or sample.index in self._warned_runs:
-            return
-        self._warned_runs.add(sample.index)
-        logger.warning(
-            "%s: codes file %s ends in %d identical codes (value %d); this may be padding saved as data "
-            "by the preprocessing tool; trim it or re-extract the codes",
-            sample.source,
-            sample.codes_path,
-            run,
-            int(codes[-1]),
-        )
+        # Suspicious trailing runs are reported by the loader in the main process (once per sample).
+        return _int_vector(sample, "codes", path, array, sample.code_len, "code_len", self.spec.max_code, hint)
 
     def _condition(self, sample: Sample) -> np.ndarray:
         path = sample.condition_path

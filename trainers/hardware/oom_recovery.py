@@ -1,6 +1,7 @@
 """Out-of-memory recovery: what the trainer does when a pass does not fit.
 
-A forward/backward pass that raises torch.OutOfMemoryError is abandoned whole: its partial
+A forward/backward pass (or the unscaling and clipping after it) that runs out of memory
+(torch.OutOfMemoryError, or the RuntimeError cuBLAS/cuDNN raise when they cannot allocate) is abandoned whole: its partial
 gradients are dropped, memory is returned to the device, and the same samples are processed
 again in pieces half the size. Because the loss is normalised per optimizer step, the redone
 step equals the original within float rounding. Below a batch of 1 there is nothing to try.
@@ -18,6 +19,16 @@ class StepOutOfMemory(RuntimeError):
 
 class OutOfMemoryStop(RuntimeError):
     """Out of memory at batch size 1: nothing smaller to try."""
+
+
+# How allocation failures inside cuBLAS and cuDNN surface: a RuntimeError, not torch.OutOfMemoryError.
+_LIBRARY_ALLOC_FAILURES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED", "CUDA error: out of memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in _LIBRARY_ALLOC_FAILURES)
 
 
 def oom_message(exc: BaseException) -> str:

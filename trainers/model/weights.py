@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -40,6 +40,13 @@ CARRIED_PREFIXES = (
 DROPPED_PREFIXES = ("inference_model.", "gpt.wte.")
 
 StateDict = dict[str, torch.Tensor]
+
+
+def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    for name, t in named:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def strip_module_prefix(state: Mapping[str, torch.Tensor]) -> tuple[StateDict, bool]:
@@ -85,6 +92,25 @@ def read_state_dict(path: Path, flag: str = "--base-checkpoint") -> StateDict:
     if state is None:
         raise UserError(f"{flag} {path}: not a state dict (expected tensors, or a dict with a 'model' state dict)")
     return state
+
+
+# No trained IndexTTS2 tensor comes near this; a value beyond it (e.g. 1e38) makes every loss overflow.
+MAX_ABS_WEIGHT = 1e4
+
+
+def refuse_bad_values(state: Mapping[str, torch.Tensor], path: Path, flag: str = "--base-checkpoint") -> None:
+    """Non-finite or absurdly large floating-point values, named by tensor, before any training uses them."""
+    for name, t in state.items():
+        if not t.is_floating_point() or t.numel() == 0:
+            continue
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise UserError(f"{flag} {path}: tensor {name} holds {bad} NaN/inf value(s); the file is damaged or "
+                            "comes from a diverged run: use an intact checkpoint")
+        largest = float(t.abs().max())
+        if largest > MAX_ABS_WEIGHT:
+            raise UserError(f"{flag} {path}: tensor {name} holds a value of magnitude {largest:.3g}, far beyond any "
+                            f"trained weight (|x| <= {MAX_ABS_WEIGHT:g}); the file is damaged: use an intact checkpoint")
 
 
 def text_tokens_of(state: Mapping[str, torch.Tensor], path: Path) -> int:
@@ -173,6 +199,10 @@ class GPTWeights:
         state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         state.update(self.carried)
         return state
+
+    def non_finite(self) -> str | None:
+        """The first trained parameter holding a NaN or inf (carried tensors were checked on load)."""
+        return first_non_finite(self.model.named_parameters())
 
     def load_state_dict(self, state: Mapping[str, torch.Tensor], source: Path) -> None:
         trained, carried, _ = split_state_dict(state)

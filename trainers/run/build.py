@@ -37,9 +37,10 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resume: SavedRun | None, de
     return weights
 
 
-def build_optimization(cfg: RunConfig, weights: GPTWeights, fp16: bool) -> Optimization:
+def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dtype | None,
+                       device: torch.device) -> Optimization:
     frozen = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens) if cfg.train.freeze_base_vocab else None
-    return Optimization(weights.model, cfg.train, fp16, frozen)
+    return Optimization(weights.model, cfg.train, amp_dtype == torch.float16, frozen, device.type)
 
 
 def build_data(cfg: RunConfig, inputs: RunInputs) -> tuple[TrainData, FeatureDataset | None]:

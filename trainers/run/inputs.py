@@ -19,7 +19,7 @@ from trainers.errors import UserError
 from trainers.files import dict_sha256, file_sha256
 from trainers.model.demo_base import ensure_demo_base
 from trainers.model.gpt_model import GPTConfig
-from trainers.model.weights import StateDict, read_state_dict
+from trainers.model.weights import StateDict, read_state_dict, refuse_bad_values
 
 log = logging.getLogger("train")
 
@@ -81,6 +81,8 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         "model_config": dict_sha256({k: v for k, v in gpt.to_dict().items() if k != "dropout"}),
     }
     base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint else None
+    if base_state is not None:
+        refuse_bad_values(base_state, Path(cfg.base_checkpoint))
     return RunInputs(model_yaml, gpt, train_samples, val_samples, fingerprints, base_state)
 
 

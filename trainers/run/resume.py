@@ -44,7 +44,8 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
 
 
 def restore(components: dict[str, Any], ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> None:
-    """Load every component but the model (loaded when it was built) from the checkpoint."""
+    """Load the optimizer, RNG and hardware components (the model, data position and progress were
+    loaded earlier, when the run was planned)."""
     optim = components["optim"]
     problems = optim.resume_problems(ckpt.section("optim"))
     if problems and not cmd.force_resume:
@@ -53,8 +54,8 @@ def restore(components: dict[str, Any], ckpt: schema.Checkpoint, path: Path, cmd
     for p in problems:
         log.warning("continuing despite a failed resume check (--force-resume): %s", p)
     if not problems:
-        optim.load_state_dict(ckpt.section("optim"), ckpt.step)
-    for name in ("data", "progress", "rng", "hardware"):
+        optim.load_state_dict(ckpt.section("optim"))
+    for name in ("rng", "hardware"):
         components[name].load_state_dict(ckpt.section(name))
     if ckpt.versions != library_versions():
         log.warning("library versions differ from the saved run (%s now %s): results stay correct but may not be "

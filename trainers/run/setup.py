@@ -13,7 +13,7 @@ import torch
 
 from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.config.flags import CommandLine
-from trainers.data.features import FeatureDataset
+from trainers.data.loader import StepLoader
 from trainers.data.train_data import TrainData
 from trainers.hardware.detect import detect_hardware, make_deterministic, pick_device
 from trainers.hardware.plan import HardwarePlan, plan_hardware
@@ -21,7 +21,9 @@ from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.resolve import RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
+from trainers.run.schedule import plan_schedule
 from trainers.run.run_dir import locate_run, prepare_run_dir, read_saved_run, write_inference_config, write_run_config
+from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
 from trainers.training.progress import TrainingProgress
 from trainers.training.rng import ProcessRNG
@@ -37,7 +39,8 @@ class Run:
     weights: GPTWeights
     optim: Optimization
     data: TrainData
-    val_set: FeatureDataset | None
+    train_loader: StepLoader
+    val_loader: StepLoader | None
     progress: TrainingProgress
     hw: HardwarePlan
     checkpoints: Checkpointer
@@ -54,31 +57,42 @@ def setup_run(cmd: CommandLine) -> Run:
     machine = detect_hardware(pick_device(cmd.given.get("device", "auto")))
     resolution = resolve_run(cmd, run_dir, saved, machine.cache_key())
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
+    ckpt = resume.checkpoint if resume else None
+    changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
+
+    # Where this invocation stops and its learning rates: decided before any model is built.
+    data, val_set = build_data(cfg, inputs)
+    progress = TrainingProgress()
+    if ckpt:
+        data.load_state_dict(ckpt.section("data"))
+        progress.load_state_dict(ckpt.section("progress"))
+    end_of_epochs = progress.step + data.steps_left(cfg.train.epochs)
+    total = min(cfg.train.max_steps, end_of_epochs) if cfg.train.max_steps else end_of_epochs
+    saved_schedule = LRSchedule.from_state_dict(ckpt.lr_schedule) if ckpt else None
+    schedule = plan_schedule(cfg, saved_schedule, progress.step, total, cmd)
+
     same_device = cfg.train.device in ("auto", cmd.given.get("device"))
     hardware = machine if same_device else detect_hardware(pick_device(cfg.train.device))
-    changes = refuse_breaking_changes(cfg, resume.checkpoint, resume.path, cmd) if resume and resume.checkpoint else []
     if cfg.train.deterministic:
         make_deterministic()
-
     weights = build_weights(cfg, inputs, resume, hardware.device)
     hw = plan_hardware(cfg.train, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
                        run_dir)
-    optim = build_optimization(cfg, weights, fp16=hw.amp_dtype == torch.float16)
-    data, val_set = build_data(cfg, inputs)
-    progress = TrainingProgress()
+    optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
     components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
                                   "rng": ProcessRNG(), "run": cfg, "hardware": hw}
-    if resume and resume.checkpoint:
-        restore(components, resume.checkpoint, resume.path, cmd)
-    progress.record_start(resume.path if resume and resume.checkpoint else None, machine.cache_key(), changes)
+    if ckpt:
+        restore(components, ckpt, resume.path, cmd)
+    optim.schedule = schedule
+    progress.record_start(resume.path if ckpt else None, machine.cache_key(), changes)
 
     prepare_run_dir(run_dir)
     write_run_config(run_dir, cfg.state_dict(), machine.cache_key())
     write_inference_config(run_dir, cfg.model_yaml, cfg.vocab.text_tokens, cfg.vocab.extended, cfg.train.tokenizer)
-    end_of_epochs = progress.step + data.steps_left(cfg.train.epochs)
-    total = min(cfg.train.max_steps, end_of_epochs) if cfg.train.max_steps else end_of_epochs
-    run = Run(cfg, weights, optim, data, val_set, progress, hw, Checkpointer(run_dir, cfg.train.keep_checkpoints,
-                                                                            components), total)
+    loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
+               for ds in (data.dataset, val_set)]
+    run = Run(cfg, weights, optim, data, *loaders, progress, hw,
+              Checkpointer(run_dir, cfg.train.keep_checkpoints, components), total)
     log_summary(run)
     return run
 

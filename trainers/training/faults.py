@@ -14,7 +14,10 @@ Out-of-memory errors are injected the same way, so the recovery path runs on a C
   INDEXTTS_TRAIN_OOM_ABOVE=N  every forward pass of more than N samples (training, validation
                               and the micro-batch probe) raises torch.OutOfMemoryError
   INDEXTTS_TRAIN_OOM_AT=STEP:J  once, at micro-batch J of optimizer step STEP, after the earlier
-                              micro-batches of that step have accumulated their gradients
+                              micro-batches of that step have accumulated their gradients; J may
+                              also be "clip" (before unscaling and clipping, no weight changed yet)
+                              or "update" (in the optimizer update itself). A third part ":cublas"
+                              raises the RuntimeError cuBLAS gives when it cannot allocate instead
 """
 from __future__ import annotations
 
@@ -67,10 +70,55 @@ class OomInjector:
     def active(self) -> bool:
         return self.above is not None or self.at is not None
 
-    def check(self, size: int, step: int | None = None, micro: int | None = None) -> None:
+    def check(self, size: int, step: int | None = None, micro: int | str | None = None) -> None:
         """Raise the error CUDA raises, as if this forward pass of `size` samples ran out of memory."""
         if self.above is not None and size > self.above:
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected: {size} samples > {OOM_ABOVE_VAR}={self.above})")
-        if self.at is not None and f"{step}:{micro}" == self.at:
-            self.at = None  # once: the redone step must succeed
-            raise torch.OutOfMemoryError(f"CUDA out of memory (injected: {OOM_AT_VAR}={step}:{micro})")
+        if self.at is not None and self.at.split(":")[:2] == [str(step), str(micro)]:
+            spec, self.at = self.at, None  # once: the redone step must succeed
+            if spec.endswith(":cublas"):
+                raise RuntimeError(f"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)` "
+                                   f"(injected: {OOM_AT_VAR}={spec})")
+            raise torch.OutOfMemoryError(f"CUDA out of memory (injected: {OOM_AT_VAR}={spec})")
+
+
+NAN_FROM_VAR = "INDEXTTS_TRAIN_NAN_FROM"
+NAN_WEIGHTS_VAR = "INDEXTTS_TRAIN_NAN_WEIGHTS_AT"
+
+
+@dataclass(frozen=True)
+class NanInjector:
+    """Divergence on demand, for the tests of what the trainer does when training goes non-finite.
+
+    INDEXTTS_TRAIN_NAN_FROM=STEP        the loss of every optimizer step from STEP (1-based) on is NaN
+    INDEXTTS_TRAIN_NAN_WEIGHTS_AT=STEP  after the update of step STEP, one weight becomes NaN (as a
+                                        finite gradient times an infinite learning rate would make it)
+    """
+
+    loss_from: int | None = None
+    weights_at: int | None = None
+
+    @classmethod
+    def from_env(cls) -> "NanInjector":
+        loss, weights = os.environ.get(NAN_FROM_VAR), os.environ.get(NAN_WEIGHTS_VAR)
+        return cls(int(loss) if loss else None, int(weights) if weights else None)
+
+    def corrupt_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        return loss * float("nan") if self.loss_from is not None and step >= self.loss_from else loss
+
+    def after_update(self, step: int, params: list[torch.nn.Parameter]) -> None:
+        if self.weights_at == step and params:
+            with torch.no_grad():
+                params[0].view(-1)[0] = float("nan")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The fault injections the training loop consults (all inactive unless their variable is set)."""
+
+    kill: KillPoint
+    nan: NanInjector
+
+    @classmethod
+    def from_env(cls) -> "Faults":
+        return cls(KillPoint.from_env(), NanInjector.from_env())

@@ -1,8 +1,10 @@
-"""Linear warmup then cosine decay, as a pure function of the optimizer step.
+"""The learning rate as a pure function of the optimizer step: linear warmup, then cosine decay.
 
 The horizon (`decay_steps`) is fixed when a run starts and saved with it, so extending a
-finished run with a larger --max-steps or more --epochs never makes the learning rate jump:
-past the horizon it stays at the floor.
+finished run never makes the learning rate jump: past the horizon it stays at the floor. A
+run extended with --reconfigure-scheduler gets a continuation: a warmup-free cosine from the
+learning rate of its last step down to the same floor at the new end, so the rate stays
+continuous. Continuations are part of the saved schedule.
 """
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ from typing import Any
 import torch
 
 
+def _cosine(start_lr: float, floor: float, progress: float) -> float:
+    return floor + (start_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
+
+
 @dataclass(frozen=True)
 class WarmupCosine:
     base_lr: float
@@ -20,14 +26,50 @@ class WarmupCosine:
     decay_steps: int
     min_lr_ratio: float = 0.0
 
+    @property
+    def floor(self) -> float:
+        return self.base_lr * self.min_lr_ratio
+
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step `step` (0-based: the first update uses lr_at(0))."""
         if self.warmup_steps > 0 and step < self.warmup_steps:
             return self.base_lr * (step + 1) / self.warmup_steps
         span = max(1, self.decay_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        floor = self.base_lr * self.min_lr_ratio
-        return floor + (self.base_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return _cosine(self.base_lr, self.floor, (step - self.warmup_steps) / span)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """From `start_step` on: a cosine from `start_lr` down to `floor` at `end_step`, then the floor."""
+
+    start_step: int
+    end_step: int
+    start_lr: float
+    floor: float
+
+    def lr_at(self, step: int) -> float:
+        return _cosine(self.start_lr, self.floor, (step - self.start_step) / max(1, self.end_step - self.start_step))
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    base: WarmupCosine
+    continuations: tuple[Continuation, ...] = ()
+
+    @property
+    def end_step(self) -> int:
+        """The step from which the learning rate stays at the floor."""
+        return self.continuations[-1].end_step if self.continuations else self.base.decay_steps
+
+    @property
+    def floor(self) -> float:
+        return self.base.floor
+
+    def lr_at(self, step: int) -> float:
+        for c in reversed(self.continuations):
+            if step >= c.start_step:
+                return c.lr_at(step)
+        return self.base.lr_at(step)
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         lr = self.lr_at(step)
@@ -35,10 +77,17 @@ class WarmupCosine:
             group["lr"] = lr
         return lr
 
+    def continued(self, step: int, end_step: int) -> "LRSchedule":
+        """A new cosine from `step` to `end_step`, starting at the rate of the step before (no jump)."""
+        start_lr = self.lr_at(max(0, step - 1))
+        return LRSchedule(self.base, (*self.continuations, Continuation(step, end_step, start_lr, self.floor)))
+
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "warmup_cosine", **asdict(self)}
+        return {"kind": "warmup_cosine", **asdict(self.base),
+                "continuations": [asdict(c) for c in self.continuations]}
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any]) -> "WarmupCosine":
-        return cls(float(state["base_lr"]), int(state["warmup_steps"]), int(state["decay_steps"]),
-                   float(state["min_lr_ratio"]))
+    def from_state_dict(cls, state: dict[str, Any]) -> "LRSchedule":
+        base = WarmupCosine(float(state["base_lr"]), int(state["warmup_steps"]), int(state["decay_steps"]),
+                            float(state["min_lr_ratio"]))
+        return cls(base, tuple(Continuation(**c) for c in state.get("continuations", [])))

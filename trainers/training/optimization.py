@@ -4,28 +4,42 @@ and the frozen vocabulary rows. The "optim" section of a checkpoint.
 `step()` is the trainer's optimizer step, in the one order that keeps frozen rows exact:
 unscale (fp16), zero the frozen rows' gradients (so they count neither in the clipping norm nor
 in Adam's moments), clip, update, then write the frozen rows back (undoing AdamW's decoupled
-weight decay bit for bit).
+weight decay bit for bit). `prepare()` changes no weight, so an out-of-memory error in it can
+be recovered from like one in forward/backward.
 """
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainers.config.settings import TrainConfig
 from trainers.model.frozen_rows import FrozenTextRows
-from trainers.training.lr_schedule import WarmupCosine
+from trainers.model.weights import first_non_finite
+from trainers.training.lr_schedule import LRSchedule, WarmupCosine
+
+
+def configured_schedule(cfg: TrainConfig) -> LRSchedule:
+    return LRSchedule(WarmupCosine(cfg.learning_rate, cfg.warmup_steps, cfg.lr_decay_steps, cfg.min_lr_ratio))
 
 log = logging.getLogger("train")
 
 
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: float  # before clipping; inf/nan when the gradients overflowed
+    applied: bool  # False: the update was skipped (non-finite gradients), the weights are unchanged
+
+
 class Optimization:
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | None) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | None,
+                 device_type: str = "cuda") -> None:
         self.optimizer, self.param_names = _adamw(model, cfg)
-        self.schedule = WarmupCosine(cfg.learning_rate, cfg.warmup_steps, cfg.lr_decay_steps, cfg.min_lr_ratio)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=fp16)
+        self.schedule = configured_schedule(cfg)
+        self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
         self.frozen = frozen
         self.grad_clip = cfg.grad_clip
 
@@ -40,23 +54,35 @@ class Optimization:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
-    def step(self) -> float:
-        """Apply the accumulated gradients; returns the gradient norm before clipping.
-
-        A non-finite norm skips the update (with fp16 the GradScaler decides that itself).
-        """
+    def prepare(self) -> float:
+        """Unscale, drop the frozen rows' gradients, clip; returns the norm before clipping. Changes no weight."""
         self.scaler.unscale_(self.optimizer)
         if self.frozen:
             self.frozen.zero_grads()
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+
+    def apply(self, grad_norm: float) -> StepResult:
+        """Update the weights from prepared gradients (skipped when they are not finite)."""
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
         if self.scaler.is_enabled() or math.isfinite(grad_norm):
-            self.scaler.step(self.optimizer)
+            self.scaler.step(self.optimizer)  # skips the update itself when fp16 gradients overflowed
         if self.frozen:
             self.frozen.restore()
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return grad_norm
+        # The scaler lowers its scale exactly when it skipped the update.
+        applied = self.scaler.get_scale() >= scale if self.scaler.is_enabled() else math.isfinite(grad_norm)
+        return StepResult(grad_norm, applied)
+
+    def step(self) -> StepResult:
+        return self.apply(self.prepare())
+
+    def non_finite(self) -> str | None:
+        """The first optimizer state tensor holding a NaN or inf, e.g. "gpt.h.0.ln_1.weight.exp_avg"."""
+        names = dict(zip(map(id, self.params), self.param_names))
+        return first_non_finite((f"{names.get(id(p), '?')}.{k}", v) for p, state in self.optimizer.state.items()
+                                for k, v in state.items() if isinstance(v, torch.Tensor))
 
     def discard_gradients(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -84,16 +110,11 @@ class Optimization:
                      if n in shapes and shapes[n] != s]
         return problems or ["optimizer parameter order differs from the checkpoint"]
 
-    def load_state_dict(self, state: dict[str, Any], step: int) -> None:
-        """Restore AdamW and the scaler; `step` is where training continues (for the LR comparison)."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore AdamW and the scaler (the schedule is decided with the run's plan: trainers/run/schedule.py)."""
         self.optimizer.load_state_dict(state["optimizer"])
         if state["scaler"] and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["scaler"])
-        saved = WarmupCosine.from_state_dict(state["lr_schedule"])
-        if saved != self.schedule:
-            before, after = saved.lr_at(step), self.schedule.lr_at(step)
-            log.warning("the learning-rate schedule differs from the saved one (%s, now %s): the learning rate of the "
-                        "next step is %.4g instead of %.4g", saved, self.schedule, after, before)
 
 
 def _adamw(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
