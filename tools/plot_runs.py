@@ -107,13 +107,16 @@ def load_run(run_dir: Path) -> RunHistory:
     """The run's history from its newest checkpoint; UserError says why a run cannot be plotted."""
     if not run_dir.is_dir():
         raise UserError("no such directory")
-    path = newest_checkpoint(run_dir)
-    if path is None:
-        raise UserError("no checkpoint yet (no latest.pth or model_step*.pth): the run has not saved one")
-    try:
-        ckpt = schema.read(path, mmap=True)
-    except CheckpointError as exc:
-        raise UserError(f"{path.name}: {exc.reason}") from None
+    for attempt in (1, 2):  # a run still training may rotate the file away between finding and reading it
+        path = newest_checkpoint(run_dir)
+        if path is None:
+            raise UserError("no checkpoint yet (no latest.pth or model_step*.pth): the run has not saved one")
+        try:
+            ckpt = schema.read(path, mmap=True)
+            break
+        except CheckpointError as exc:
+            if attempt == 2 or path.exists():
+                raise UserError(f"{path.name}: {exc.reason}") from None
     train, val, resumes = history_series(ckpt.history)
     run = RunHistory(run_dir, path, ckpt.step, train, val, resumes)
     best = run_dir / BEST_NAME
