@@ -1,0 +1,344 @@
+"""tools/export_checkpoint.py: a demo run exported for IndexTTS2 inference, and every refusal."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.demo_runs import train_here
+from tools import export_checkpoint as ex
+from tools.export_checkpoint import main
+from trainers.checkpoint import schema
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+from trainers.model.weights import CARRIED_PREFIXES, read_state_dict
+
+OFFICIAL = dict(model_dim=1280, layers=24, heads=20, max_text_tokens=600, max_mel_tokens=1815,
+                number_text_tokens=12000, number_mel_codes=8194)
+
+
+def reference_group_a(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The training-path keys and shapes of the reference table (shared/reference/indextts2-gpt.md)."""
+    D, Nt, Nm = cfg.model_dim, cfg.number_text_tokens, cfg.number_mel_codes
+    table = {
+        "text_embedding.weight": (Nt + 1, D),
+        "mel_embedding.weight": (Nm, D),
+        "text_pos_embedding.emb.weight": (cfg.max_text_tokens + 2, D),
+        "mel_pos_embedding.emb.weight": (cfg.max_mel_tokens + 3, D),
+        "speed_emb.weight": (2, D),
+    }
+    for i in range(cfg.layers):
+        h = f"gpt.h.{i}."
+        table.update({
+            h + "ln_1.weight": (D,), h + "ln_1.bias": (D,),
+            h + "attn.c_attn.weight": (D, 3 * D), h + "attn.c_attn.bias": (3 * D,),
+            h + "attn.c_proj.weight": (D, D), h + "attn.c_proj.bias": (D,),
+            h + "ln_2.weight": (D,), h + "ln_2.bias": (D,),
+            h + "mlp.c_fc.weight": (D, 4 * D), h + "mlp.c_fc.bias": (4 * D,),
+            h + "mlp.c_proj.weight": (4 * D, D), h + "mlp.c_proj.bias": (D,),
+        })
+    table.update({
+        "gpt.ln_f.weight": (D,), "gpt.ln_f.bias": (D,),
+        "final_norm.weight": (D,), "final_norm.bias": (D,),
+        "text_head.weight": (Nt + 1, D), "text_head.bias": (Nt + 1,),
+        "mel_head.weight": (Nm, D), "mel_head.bias": (Nm,),
+    })
+    return table
+
+
+def carried_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in state.items() if k.startswith(CARRIED_PREFIXES)}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]) -> Path:
+    """A real demo run: checkpoints at steps 4 and 6 (latest), its config.yaml and tokenizer."""
+    out = tmp_path_factory.mktemp("export") / "run"
+    done = train_here(out, *demo_assets, "--max-steps", "6", "--val-interval", "2", "--save-interval", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def base(demo_assets: list[str]) -> Path:
+    return Path(demo_assets[demo_assets.index("--base-checkpoint") + 1])
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_assets: list[str]) -> Path:
+    return Path(demo_assets[demo_assets.index("--tokenizer") + 1])
+
+
+@pytest.fixture(scope="module")
+def exported(run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The run's latest checkpoint exported as fp32, fp16 and bf16."""
+    root = tmp_path_factory.mktemp("exports")
+    outs = {}
+    for dtype in ("fp32", "fp16", "bf16"):
+        outs[dtype] = root / dtype
+        assert main([str(run), "--out", str(outs[dtype]), "--dtype", dtype]) == 0
+    return outs
+
+
+def load_export(out: Path) -> dict[str, torch.Tensor]:
+    obj = torch.load(out / "gpt.pth", map_location="cpu", weights_only=True)
+    assert list(obj) == ["model"], "gpt.pth must hold only the state dict (no optimizer, no run state)"
+    return obj["model"]
+
+
+def refused(capsys: pytest.CaptureFixture, argv: list[str], *words: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+# ---------------------------------------------------------------- the exported files
+
+def test_gpt_pth_has_exactly_the_upstream_keys(run: Path, base: Path, exported: dict[str, Path]):
+    state = load_export(exported["fp32"])
+    config = yaml.safe_load((exported["fp32"] / "config.yaml").read_text())
+    gpt = GPTConfig.from_yaml_section(config["gpt"])
+    table = reference_group_a(gpt)
+    base_state = read_state_dict(base)
+    base_carried = carried_of(base_state)
+    assert base_carried, "the demo base must have group-B tensors for this test to mean anything"
+    # Every key of the reference table with its shape, every carried key, nothing else.
+    assert set(state) == set(table) | set(base_carried)
+    for key, shape in table.items():
+        assert tuple(state[key].shape) == shape, key
+    # Group B bit for bit as in the base checkpoint.
+    for key, value in base_carried.items():
+        assert state[key].dtype == value.dtype and torch.equal(state[key], value), key
+    # Group A loads strictly into the model the exported config describes, and is the run's weights.
+    model = UnifiedVoiceGPT(gpt)
+    model.load_state_dict({k: state[k] for k in table}, strict=True)
+    latest = schema.read(run / "latest.pth")
+    for key in table:
+        assert torch.equal(state[key], latest.model[key]), key
+    assert all(t.dtype == torch.float32 for t in state.values())
+
+
+def test_reference_table_is_what_the_tool_exports_for_the_official_config():
+    """At the official size (on the meta device): the tool's group-A keys are the reference table's."""
+    cfg = GPTConfig(**OFFICIAL)
+    assert ex.expected_group_a(cfg) == reference_group_a(cfg)
+    assert len(reference_group_a(cfg)) == 5 + 12 * 24 + 8
+
+
+def test_config_keeps_every_section_and_names_the_copied_tokenizer(run: Path, tokenizer: Path,
+                                                                    exported: dict[str, Path]):
+    out = exported["fp32"]
+    trained_with = yaml.safe_load((run / "config.yaml").read_text())
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert list(config) == list(trained_with)
+    assert config["gpt"]["number_text_tokens"] == schema.read(run / "latest.pth").text_tokens == 160
+    assert config["dataset"]["bpe_model"] == tokenizer.name
+    assert config["gpt_checkpoint"] == "gpt.pth"
+    # Every other key exactly as the run was trained with.
+    for section, values in trained_with.items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                if (section, key) not in {("gpt", "number_text_tokens"), ("dataset", "bpe_model")}:
+                    assert config[section][key] == value, (section, key)
+        elif section != "gpt_checkpoint":
+            assert config[section] == values, section
+    assert (out / tokenizer.name).read_bytes() == tokenizer.read_bytes()
+    record = json.loads((out / "export.json").read_text())
+    assert record["step"] == 6 and record["dtype"] == "fp32"
+    assert set(record["files"]) == {"gpt.pth", "config.yaml", tokenizer.name}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_half_precision_export_is_the_rounded_fp32_export(exported: dict[str, Path], dtype: str):
+    full, half = load_export(exported["fp32"]), load_export(exported[dtype])
+    target = ex.DTYPES[dtype]
+    tolerance = {"fp16": 1e-3, "bf16": 8e-3}[dtype]  # 2**-11 and 2**-8 relative rounding, with margin
+    assert set(half) == set(full)
+    for key, value in full.items():
+        assert half[key].dtype == target, key
+        assert torch.equal(half[key], value.to(target)), key  # round to nearest, exactly
+        torch.testing.assert_close(half[key].float(), value, rtol=tolerance, atol=tolerance, msg=key)
+
+
+def test_prints_the_three_files_for_inference(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                              tokenizer: Path):
+    out = tmp_path / "out"
+    assert main([str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("config.yaml", "gpt.pth", tokenizer.name):
+        assert str(out / name) in printed
+    assert "step 6" in printed
+
+
+def test_official_gpt_pth_is_exported_as_is(base: Path, tokenizer: Path, tmp_path: Path):
+    """A raw DDP-style state dict with an integer buffer: prefix stripped, dropped keys left out,
+    the integer buffer kept as it is under --dtype fp16."""
+    state = read_state_dict(base)
+    buffer = "conditioning_encoder.encoders.0.conv_module.norm.num_batches_tracked"
+    state[buffer] = torch.tensor(1234, dtype=torch.int64)
+    raw = tmp_path / "raw.pth"
+    torch.save({f"module.{k}": v for k, v in state.items()}, raw)
+    config = ex.REPO_ROOT / "checkpoints" / "demo.yaml"
+    out = tmp_path / "out"
+    assert main([str(raw), "--config", str(config), "--tokenizer", str(tokenizer), "--out", str(out),
+                 "--dtype", "fp16"]) == 0
+    exported = load_export(out)
+    assert "inference_model.lm_head.weight" not in exported and "gpt.wte.weight" not in exported
+    assert exported[buffer].dtype == torch.int64 and int(exported[buffer]) == 1234
+    for key, value in exported.items():
+        if key != buffer:
+            assert value.dtype == torch.float16 and torch.equal(value, state[key].half()), key
+
+
+# ---------------------------------------------------------------- which checkpoint
+
+def test_which_step_and_best(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+    step4 = schema.read(run / "model_step4.pth")
+    assert main([str(run), "--which", "4", "--out", str(tmp_path / "s4")]) == 0
+    assert json.loads((tmp_path / "s4" / "export.json").read_text())["step"] == 4
+    assert all(torch.equal(v, step4.model[k]) for k, v in load_export(tmp_path / "s4").items())
+    refused(capsys, [str(run), "--which", "best", "--out", str(tmp_path / "b")], "best.pth", "--which latest")
+    assert not (tmp_path / "b").exists()
+    best_run = tmp_path / "best_run"
+    shutil.copytree(run, best_run)
+    shutil.copy(best_run / "model_step4.pth", best_run / "best.pth")
+    assert main([str(best_run), "--which", "best", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "export.json").read_text())["step"] == 4
+    # A checkpoint file works directly (its run directory supplies config.yaml).
+    assert main([str(run / "model_step4.pth"), "--out", str(tmp_path / "f")]) == 0
+
+
+# ---------------------------------------------------------------- refusals
+
+def crafted_run(run: Path, where: Path, section: str, **values) -> Path:
+    """A copy of the run's latest checkpoint with fields of one section replaced, beside its config.yaml."""
+    where.mkdir()
+    shutil.copy(run / "config.yaml", where / "config.yaml")
+    ckpt = schema.read(run / "latest.pth")
+    if section == "model":
+        changed = schema.parse(schema.assemble({**ckpt.sections, "model": values["model"]}), where)
+    else:
+        changed = ckpt.edited(section, **values)
+    torch.save(changed.to_file(), where / "latest.pth")
+    return where
+
+
+def test_refusals_leave_nothing_written(run: Path, tmp_path: Path, tokenizer: Path,
+                                        capsys: pytest.CaptureFixture):
+    out = str(tmp_path / "out")
+    junk = tmp_path / "junk.pth"
+    torch.save({"weights": torch.zeros(3)}, junk)
+    settings = schema.read(run / "latest.pth").settings
+    moved = crafted_run(run, tmp_path / "moved", "run",
+                        config={**settings, "tokenizer": str(tmp_path / "gone" / "bpe.model")})
+    no_b = crafted_run(run, tmp_path / "no_b", "model",
+                       model={k: v for k, v in schema.read(run / "latest.pth").model.items()
+                              if not k.startswith(CARRIED_PREFIXES)})
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(run / "latest.pth", lone / "x.pth")
+    other_tok = tmp_path / "other.model"
+    other_tok.write_bytes(tokenizer.read_bytes() + b"\0")
+    cases = [
+        ([str(tokenizer), "--out", out], ["cannot be read"]),
+        ([str(junk), "--out", out], ["neither a checkpoint of this trainer nor an IndexTTS2 gpt.pth"]),
+        ([str(tmp_path / "nowhere"), "--out", out], ["no such run directory"]),
+        ([str(tmp_path), "--out", out], ["holds no checkpoint"]),
+        ([str(run), "--which", "last", "--out", out], ["--which 'last'"]),
+        ([str(run), "--which", "5", "--out", out], ["no model_step5.pth", "steps kept: 4, 6"]),
+        ([str(run / "latest.pth"), "--which", "4", "--out", out], ["applies to a run directory"]),
+        ([str(moved), "--out", out], [str(tmp_path / "gone" / "bpe.model"), "is missing", "--tokenizer"]),
+        ([str(run), "--tokenizer", str(other_tok), "--out", out], ["not the tokenizer the run was trained with"]),
+        ([str(lone / "x.pth"), "--out", out], ["no config.yaml beside", "--config"]),
+        ([str(run), "--config", str(ex.REPO_ROOT / "checkpoints" / "config.yaml"), "--out", out],
+         ["is not the config", "model_dim 1280 (run: 64)"]),
+        ([str(no_b), "--out", out], ["lacks the conditioning-encoder tensors", "emovec_layer.*"]),
+        ([str(read_base_path(run)), "--out", out], ["records no config", "--config"]),
+        ([str(run), "--out", str(run)], ["already holds config.yaml", "did not write"]),
+        ([str(run), "--out", str(run / "latest.pth")], ["is a file"]),
+    ]
+    before = sorted(os.listdir(run))
+    for argv, words in cases:
+        refused(capsys, argv, *words)
+        assert not (tmp_path / "out").exists(), argv
+    assert sorted(os.listdir(run)) == before
+
+
+def read_base_path(run: Path) -> Path:
+    return Path(schema.read(run / "latest.pth", mmap=True).settings["base_checkpoint"])
+
+
+# ---------------------------------------------------------------- the output directory rule
+
+def test_output_directory_rule(run: Path, tmp_path: Path, tokenizer: Path, capsys: pytest.CaptureFixture):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main([str(run), "--out", str(out)]) == 0
+    # Exporting again replaces what the export wrote (here: another checkpoint, another dtype).
+    assert main([str(run), "--which", "4", "--dtype", "fp16", "--out", str(out)]) == 0
+    assert load_export(out)["mel_head.bias"].dtype == torch.float16
+    # Another tokenizer file name: the earlier export's copy is removed, never anything else.
+    renamed = tmp_path / "bpe_copy.model"
+    shutil.copy(tokenizer, renamed)
+    assert main([str(run), "--tokenizer", str(renamed), "--out", str(out)]) == 0
+    assert not (out / tokenizer.name).exists() and (out / renamed.name).is_file()
+    assert yaml.safe_load((out / "config.yaml").read_text())["dataset"]["bpe_model"] == renamed.name
+    assert (out / "notes.txt").read_text() == "mine"
+    # A file changed after the export is no longer the tool's to replace.
+    (out / "config.yaml").write_text((out / "config.yaml").read_text() + "# edited\n")
+    refused(capsys, [str(run), "--out", str(out)], "config.yaml", "did not write")
+    assert (out / "config.yaml").read_text().endswith("# edited\n")
+    # A file of an export's name, without a record, is someone else's.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "gpt.pth").write_bytes(b"official weights")
+    refused(capsys, [str(run), "--out", str(foreign)], "gpt.pth")
+    assert (foreign / "gpt.pth").read_bytes() == b"official weights" and sorted(os.listdir(foreign)) == ["gpt.pth"]
+
+
+def test_killed_export_leaves_no_half_file(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    out = tmp_path / "out"
+    real_save = torch.save
+    at_death: list[str] = []
+
+    def killed_save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half")  # some bytes reach the disk, then the process dies:
+        f.flush()
+        at_death.extend(p.name for p in out.iterdir())  # what a SIGKILL here would leave
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_save)
+    with pytest.raises(KeyboardInterrupt):
+        ex.export(run, out)
+    assert at_death and all(name.startswith(".gpt.pth.tmp-") for name in at_death), at_death
+    assert [p.name for p in out.iterdir()] == []
+    # A SIGKILL leaves its temporary behind: the next export removes it.
+    monkeypatch.setattr(torch, "save", real_save)
+    (out / ".gpt.pth.tmp-999999").write_bytes(b"half")
+    assert main([str(run), "--out", str(out)]) == 0
+    assert not (out / ".gpt.pth.tmp-999999").exists()
+
+    # Killed between renames: the new gpt.pth is in place, config.yaml is still the old one.
+    real_replace = os.replace
+
+    def killed_replace(src, dst):
+        if Path(dst).name == "config.yaml":
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_replace)
+    with pytest.raises(KeyboardInterrupt):
+        ex.export(run, out, which="4")
+    monkeypatch.setattr(os, "replace", real_replace)
+    torch.load(out / "gpt.pth", weights_only=True)  # whole
+    assert main([str(run), "--out", str(out)]) == 0  # and the directory is still the tool's to replace
+    assert json.loads((out / "export.json").read_text())["step"] == 6
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
