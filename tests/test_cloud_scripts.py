@@ -87,9 +87,17 @@ def run_loop(out: Path, *flags: str, env: dict[str, str]) -> subprocess.Complete
                           capture_output=True, text=True, timeout=300)
 
 
-def start_loop(out: Path, *flags: str, env: dict[str, str]) -> subprocess.Popen:
+def default_stop_signals() -> None:
+    """bash cannot trap a signal that was ignored when it started (as SIGINT is for jobs that a
+    script starts in the background): give the loop the default dispositions a terminal gives it."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def start_loop(out: Path, *flags: str, env: dict[str, str], new_session: bool = False) -> subprocess.Popen:
     return subprocess.Popen([str(LOOP), "--output-dir", str(out), *flags], env=subprocess_env(env=env),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=default_stop_signals,
+                            start_new_session=new_session)
 
 
 def wait_for_log(out: Path, proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
@@ -167,9 +175,7 @@ def test_ctrl_c_to_the_process_group_reaches_the_trainer_once(demo_assets, tmp_p
     unsaved."""
     out = tmp_path / "run"
     flags = [*FLAGS, "--max-steps", "1000", "--save-interval", "1000"]
-    env = subprocess_env(env=wrapper(tmp_path, KILLING_PYTHON))
-    proc = subprocess.Popen([str(LOOP), "--output-dir", str(out), *demo_assets, *flags], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = start_loop(out, *demo_assets, *flags, env=wrapper(tmp_path, KILLING_PYTHON), new_session=True)
     wait_for_log(out, proc, "first optimizer step finished")
     os.killpg(proc.pid, signal.SIGINT)  # the loop leads its session's group, as a shell's foreground job does
     assert proc.wait(timeout=120) == 130
