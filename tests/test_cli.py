@@ -93,3 +93,22 @@ def test_failed_checkpoint_write_stops_with_status_4(tmp_path, capsys, monkeypat
     assert main(["--demo", "--output-dir", str(tmp_path / "run"), "--max-steps", "2"]) == 4
     err = capsys.readouterr().err
     assert "No space left on device" in err and "--resume auto" in err
+
+
+SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
+# Runs the entry point as `python trainers/train_gpt_v2.py ARGS` would, then says whether torch got imported.
+_AS_SCRIPT = ("import runpy, sys\nsys.argv = [sys.argv[1], *sys.argv[2:]]\ntry:\n    runpy.run_path(sys.argv[0], "
+              "run_name='__main__')\nexcept SystemExit as e:\n    print('status', e.code, 'torch imported', "
+              "'torch' in sys.modules)\n")
+
+
+@pytest.mark.parametrize("args, status", [(["--help"], 0), (["--batch-size", "x"], 2), (["--no-such-flag"], 2)])
+def test_help_and_usage_errors_answer_before_torch_is_imported(args, status):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _AS_SCRIPT, str(SCRIPT), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip().endswith(f"status {status} torch imported False"), (done.stdout, done.stderr)
+    if status:
+        assert "usage: train_gpt_v2.py" in done.stderr and "Traceback" not in done.stderr

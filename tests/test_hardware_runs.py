@@ -161,3 +161,20 @@ def test_oom_in_the_optimizer_update_stops_with_5_and_saves_nothing(demo_assets,
     assert result.returncode == 5, result.stderr
     assert "out of memory outside the forward/backward pass, at step 5" in result.stderr
     assert final_state(out).step == 4  # the update may have been half applied: nothing of step 5 is kept
+
+
+def test_a_typed_batch_size_follows_the_run_on_its_machine_only(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    flags = ["--effective-batch", "16", "--batch-size", "4", "--lr-decay-steps", "6", *FLAGS]
+    assert train_here(out, *demo_assets, *flags, "--max-steps", "2").returncode == 0
+    same = train_here(out, "--resume", "auto", "--max-steps", "4")
+    assert same.returncode == 0, same.stderr
+    assert "reusing --batch-size 4 saved with this run (same machine: cpu)" in same.stderr
+    assert "micro-batch 4 x accumulation 4 (--batch-size)" in same.stderr
+    moved = final_state(out).edited("hardware", machine="cuda|NVIDIA A100-SXM4-80GB|81153MiB|sm80")
+    (out / "latest.pth").unlink()  # a hard link: replace it, do not write through it
+    torch.save(moved.to_file(), out / "latest.pth")
+    other = train_here(out, "--resume", "auto", "--max-steps", "6")
+    assert other.returncode == 0, other.stderr
+    assert "not reusing --batch-size 4: the run saved it on cuda|NVIDIA A100-SXM4-80GB" in other.stderr
+    assert "micro-batch 16 x accumulation 1 (auto: CPU" in other.stderr

@@ -55,7 +55,7 @@ def trainer_ckpt(model: dict[str, torch.Tensor], micro_batch: int = 0, machine: 
                 "model_config": {"model_dim": D, "layers": 2, "heads": 2, "number_text_tokens": N},
                 "fingerprints": {"data": "d" * 8, "tokenizer": "ab" * 32, "model_config": "c" * 8},
                 "vocab": {"text_tokens": N, "base_text_tokens": NB}, "versions": {"torch": "2.13.0", "python": "3.12"}},
-        "hardware": {"machine": machine, "micro_batch": micro_batch, "amp_dtype": "None"},
+        "hardware": {"machine": machine, "micro_batch": micro_batch, "amp_dtype": "None", "tf32": False},
     })
 
 
@@ -162,7 +162,25 @@ def test_old_drifted_checkpoint_verdict_without_freeze_setting(files, tmp_path, 
     code, lines, _ = run(capsys, path, "--base", files["base"])
     assert code == 0
     assert line(lines, "base rows:").startswith(
-        "base rows: DRIFTED (max |diff| 2.500e-01 in 1 rows): this run was not trained with frozen base vocabulary rows")
+        "base rows: trained (freezing off; max |diff| 2.500e-01 in 1 rows), as the run was configured (the setting is "
+        "not recorded: trainers before it trained every row)")
+
+
+def test_an_ordinary_fine_tune_that_trained_the_rows_is_not_called_drifted(tmp_path, capsys):
+    """Not extended, freezing off: the rows were meant to train, so nothing alarming is said."""
+    base = tmp_path / "base.pth"
+    torch.save({"model": base_state()}, base)
+    model = {k: v + 0.5 for k, v in base_state().items()}
+    ckpt = trainer_ckpt(model, freeze_base_vocab=False)
+    ckpt = schema.parse(ckpt, tmp_path / "x").edited("run", vocab={"text_tokens": NB, "base_text_tokens": NB}).to_file()
+    path = tmp_path / "tuned.pth"
+    torch.save(ckpt, path)
+    code, lines, _ = run(capsys, path, "--base", base)
+    assert code == 0
+    verdict = line(lines, "base rows:")
+    assert verdict.startswith("base rows: trained (freezing off; max |diff| 5.000e-01 in 21 rows), as the run was "
+                              "configured (freeze_base_vocab False)")
+    assert "DRIFTED" not in verdict and "--freeze-base-vocab" not in verdict
 
 
 def test_official_raw_state_dict_with_module_prefix(files, tmp_path, capsys):

@@ -266,3 +266,23 @@ def test_a_signal_during_start_up_stops_at_once_without_a_traceback(demo_assets,
     assert not (out / "latest.pth").exists()
     resumed = train_here(out, "--resume", "auto", "--max-steps", "2")  # the run's settings were kept
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_checkpoint_of_another_run_is_refused_in_a_directory_that_holds_a_run(demo_assets, reference, tmp_path):
+    other = tmp_path / "other"
+    assert train_here(other, *demo_assets, *COMMON, "--max-steps", "6", "--seed", "5").returncode == 0
+    before = sorted(p.name for p in reference.iterdir())
+    refused = train_here(reference, "--resume", str(other / "latest.pth"))
+    assert refused.returncode == 2 and "already holds another run" in refused.stderr
+    assert sorted(p.name for p in reference.iterdir()) == before
+    # Its own older checkpoint, or a copy of one kept elsewhere, is the same run: accepted.
+    copy = tmp_path / "kept" / "model_step6.pth"
+    copy.parent.mkdir()
+    copy.write_bytes((other / "model_step6.pth").read_bytes())
+    resumed = train_here(other, "--resume", str(copy), "--max-steps", "7")
+    assert resumed.returncode == 0, resumed.stderr
+    assert final_state(other).step == 7
+    # ... and a branch into a new directory starts there, leaving the original run alone.
+    branch = train_here(tmp_path / "branch", "--resume", str(other / "model_step6.pth"), "--max-steps", "8")
+    assert branch.returncode == 0, branch.stderr
+    assert final_state(other).step == 7 and final_state(tmp_path / "branch").step == 8

@@ -220,18 +220,21 @@ def verdict_line(facts: dict[str, Any]) -> str:
     if facts["base_rows_unchanged"]:
         how = "bit-identical to" if facts["base_rows_same_dtype"] else "same values, other dtype than"
         return f"base rows: unchanged ({how} {base})"
-    cfg = facts.get("config") or {}
-    freeze = cfg.get("freeze_base_vocab") if cfg.get("freeze_base_vocab_recorded") else None
-    if freeze is True:
-        cause = "the run's config says freeze_base_vocab True, so freezing did not work in the trainer that wrote it"
-    elif freeze is False:
-        cause = "the run had freeze_base_vocab False, so this is expected"
-    else:
-        cause = "this run was not trained with frozen base vocabulary rows"
-    return (f"base rows: DRIFTED (max |diff| {facts['base_rows_max_abs_diff']:.3e} in {facts['base_rows_changed']} "
-            f"rows): {cause}; the base tokens' embeddings/logits no longer match {base}, so text the base model "
-            "read well may now be read differently, and resuming keeps the drift; to keep them intact start a "
-            f"new run from {base} with freeze_base_vocab on")
+    changed = f"max |diff| {facts['base_rows_max_abs_diff']:.3e} in {facts['base_rows_changed']} rows"
+    cfg = facts.get("config")
+    if cfg is None:
+        return f"base rows: changed ({changed}); the file does not record whether they were meant to stay frozen"
+    if cfg["freeze_base_vocab_recorded"] and cfg["freeze_base_vocab"]:
+        return (f"base rows: DRIFTED ({changed}): the run's config says freeze_base_vocab True, so freezing did not "
+                f"work in the trainer that wrote it; the base tokens' embeddings/logits no longer match {base}, so "
+                "text the base model read well may now be read differently, and resuming keeps the drift; to keep "
+                f"them intact start a new run from {base} with freeze_base_vocab on")
+    why = ("freeze_base_vocab False" if cfg["freeze_base_vocab_recorded"]
+           else "the setting is not recorded: trainers before it trained every row")
+    extended = (facts["vocab"].get("new_text_tokens") or 0) > 0
+    advice = ("; to keep the base language's rows intact in an extended vocabulary, train with --freeze-base-vocab"
+              if extended else "")
+    return f"base rows: trained (freezing off; {changed}), as the run was configured ({why}){advice}"
 
 
 def show(value: Any) -> str:

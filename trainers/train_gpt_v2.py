@@ -276,19 +276,24 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
 
 
 @torch.no_grad()
-def validation_pass(run: Run, count: int) -> tuple[StepMetrics, str | None]:
+def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str | None]:
+    """Metrics per language over the first `count` validation samples (one language per batch)."""
     size = run.hw.val_batch
-    chunks = [list(range(i, min(i + size, count))) for i in range(0, count, size)]
+    by_lang: dict[str, list[int]] = {}
+    for sample in run.val_loader.dataset.samples[:count]:
+        by_lang.setdefault(sample.lang or "", []).append(sample.index)
+    chunks = [(lang, ids[i: i + size]) for lang, ids in sorted(by_lang.items()) for i in range(0, len(ids), size)]
     run.model.eval()
-    metrics = StepMetrics()
+    metrics = {lang: StepMetrics() for lang in by_lang}
     try:
-        for batch in run.val_loader.batches([StepPlan(0, 0, chunks)]):
+        batches = run.val_loader.batches([StepPlan(0, 0, [ids for _, ids in chunks])])
+        for (lang, _), batch in zip(chunks, batches):
             batch = batch.to(run.hw.device, non_blocking=True)
             run.hw.oom.check(len(batch.ids))
             with autocast(run):
                 sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens,
                                            batch.codes, batch.code_lens)
-            metrics.add(sums, len(batch.ids))
+            metrics[lang].add(sums, len(batch.ids))
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
             raise

@@ -42,7 +42,7 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "rng": {"torch": (torch.Tensor,), "cuda": _LIST, "numpy": _DICT, "python": _LIST},
     "run": {"run_id": _STR, "config": _DICT, "model_config": _DICT, "fingerprints": _DICT, "vocab": _DICT,
             "versions": _DICT},
-    "hardware": {"machine": _STR, "micro_batch": _INT, "amp_dtype": _STR},
+    "hardware": {"machine": _STR, "micro_batch": _INT, "amp_dtype": _STR, "tf32": (bool,)},
 }
 SECTIONS = ("model", *FIELDS)
 
@@ -139,7 +139,7 @@ def _from_format_1(old: dict[str, Any], path: Path) -> dict[str, Any]:
         "run": {"run_id": "", "config": config, "model_config": old.get("model_config", {}),
                 "fingerprints": old.get("fingerprints", {}), "vocab": vocab, "versions": old.get("versions", {})},
         "hardware": {"machine": str(old.get("hardware") or "unknown"), "micro_batch": int(old.get("micro_batch") or 0),
-                     "amp_dtype": str(old.get("amp_dtype"))},
+                     "amp_dtype": str(old.get("amp_dtype")), "tf32": False},
     }
 
 

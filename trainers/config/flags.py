@@ -87,6 +87,8 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
 
 def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     rt.add_argument("--amp", action="store_true", help="mixed precision on CUDA (bf16 if supported, else fp16)")
+    rt.add_argument("--tf32", action=argparse.BooleanOptionalAction,
+                    help="TF32 tensor cores for fp32 matrix products on Ampere and newer GPUs [on]")
     rt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations to save memory")
     rt.add_argument("--deterministic", action="store_true",
                     help="deterministic CUDA kernels, for bit-identical resume on GPU (slower; CPU runs are "

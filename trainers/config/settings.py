@@ -42,6 +42,7 @@ class TrainConfig:
     freeze_base_vocab: bool | None = None
     # Run-time choices that do not change the result beyond float rounding.
     amp: bool = False
+    tf32: bool = True
     grad_checkpointing: bool = False
     deterministic: bool = False
     num_workers: int = 0
@@ -124,7 +125,7 @@ EXACTNESS_KEYS = (
 HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "val_batch_size")
 # Settings that may change freely: bookkeeping, how long to train, where files are.
 FREE_KEYS = (
-    *HARDWARE_KEYS, "epochs", "max_steps", "amp", "grad_checkpointing", "deterministic", "val_interval",
+    *HARDWARE_KEYS, "epochs", "max_steps", "amp", "tf32", "grad_checkpointing", "deterministic", "val_interval",
     "max_val_batches", "save_interval", "keep_checkpoints", "log_interval", "log_sample_ids", "val_manifests",
     "output_dir", "base_checkpoint", "config",
     "train_manifests", "tokenizer",  # compared through fingerprints instead of paths

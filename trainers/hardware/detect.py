@@ -80,22 +80,50 @@ def pick_device(name: str) -> torch.device:
 
 
 def make_deterministic() -> None:
-    # Needed for bit-identical CUDA runs: cuBLAS workspaces and atomics otherwise vary run to run.
+    """Kernels that give the same bits run to run, for --deterministic on CUDA (CPU runs are anyway).
+
+    cuBLAS needs a fixed workspace; the flash and memory-efficient attention backends have no
+    deterministic backward, so attention runs on the math backend, which is slower and keeps the
+    full attention matrix in memory. An op with no deterministic kernel warns, naming itself.
+    """
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # warn_only: an op without a deterministic kernel warns (naming itself) instead of aborting a run.
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    torch.backends.cuda.enable_math_sdp(True)
+
+
+def configure_device(hw: "Hardware", tf32: bool) -> bool:
+    """Make the chosen GPU the current one and set matmul precision; returns whether TF32 is on.
+
+    TF32 (Ampere and newer) runs fp32 matrix products on tensor cores with a 10-bit mantissa:
+    several times faster, and what the reference trainers use; --no-tf32 keeps full fp32.
+    """
+    if hw.gpu is None:
+        return False
+    torch.cuda.set_device(hw.device)
+    allow = tf32 and hw.gpu.tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
+    return allow
 
 
 def detect_hardware(device: torch.device) -> Hardware:
     gpu = None
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
+        device = torch.device("cuda", index)
         props = torch.cuda.get_device_properties(index)
         free, total = torch.cuda.mem_get_info(index)
         capability = (props.major, props.minor)
+        # From the chosen device's compute capability: is_bf16_supported() also counts emulated bf16
+        # (T4, V100), which is slow, and asks about the current device, not this one.
         gpu = GpuInfo(index=index, name=props.name, total_bytes=total, free_bytes=free, capability=capability,
-                      bf16=torch.cuda.is_bf16_supported(), tf32=capability >= (8, 0))
+                      bf16=capability >= (8, 0), tf32=capability >= (8, 0))
     return Hardware(device=device, gpu=gpu, gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
                     cpu_cores=_cpu_cores(), ram_bytes=_ram_bytes())
 

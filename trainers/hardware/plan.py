@@ -17,7 +17,7 @@ from trainers.config.settings import TrainConfig
 from trainers.data.manifest import Sample
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.hardware.detect import (
-    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, split_for,
+    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, configure_device, split_for,
 )
 from trainers.hardware.oom_recovery import halved
 from trainers.model.gpt_model import UnifiedVoiceGPT
@@ -35,6 +35,7 @@ class HardwarePlan:
     workers_reason: str
     val_batch: int
     oom: OomInjector
+    tf32: bool = False
     probe: tuple[ProbeCache, ProbeKey] | None = None  # where to record a micro-batch that proved too large
 
     @property
@@ -56,7 +57,7 @@ class HardwarePlan:
 
     def state_dict(self) -> dict[str, Any]:
         return {"machine": self.hardware.cache_key(), "micro_batch": self.split.micro_batch,
-                "amp_dtype": str(self.amp_dtype)}
+                "amp_dtype": str(self.amp_dtype), "tf32": self.tf32}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: says what differs from the machine that wrote the checkpoint."""
@@ -71,10 +72,11 @@ class HardwarePlan:
 def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: list[Sample],
                   model_fingerprint: str, run_dir: Path) -> HardwarePlan:
     amp = amp_dtype(hardware, cfg.amp)
+    tf32 = configure_device(hardware, cfg.tf32)
     oom = OomInjector.from_env()
     split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom)
     workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
-    return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, probe)
+    return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
 
 
 def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,

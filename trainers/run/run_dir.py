@@ -99,6 +99,42 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
     return SavedRun(saved_settings(settings), data.get("machine"), str(data.get("run_id") or ""))
 
 
+def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
+    """`--resume PATH --output-dir DIR`: DIR must hold no run, or the run PATH belongs to.
+
+    Mixing two runs' checkpoints in one directory would let a later --resume auto pick the other
+    run's newer file. A checkpoint in DIR itself (an older model_step file) is DIR's own run.
+    """
+    assert saved.path is not None
+    if saved.path.resolve().parent == run_dir.resolve():
+        return
+    existing = run_identity(run_dir)
+    if existing is None or (existing and existing == saved.run_id):
+        return
+    theirs = f"run {existing}" if existing else "a run from before runs had an identity"
+    ours = f"run {saved.run_id}" if saved.run_id else "no recorded identity"
+    raise UserError(f"{run_dir} already holds another run ({theirs}) than {saved.path} ({ours}); resuming it there "
+                    "would mix the two runs' checkpoints. Pass a new --output-dir to continue it as its own branch, or "
+                    "--resume auto to continue the run that is there (nothing was changed)")
+
+
+def run_identity(run_dir: Path) -> str | None:
+    """The identity of the run in `run_dir` ("" if it has none recorded), or None if it holds no run."""
+    newest = newest_checkpoint(run_dir)
+    if newest is not None:
+        try:
+            return schema.read(newest, mmap=True).run_id
+        except CheckpointError:
+            return ""
+    config = run_dir / RUN_CONFIG_NAME
+    if config.is_file():
+        try:
+            return str(json.loads(config.read_text(encoding="utf-8")).get("run_id") or "")
+        except (OSError, ValueError):
+            return ""
+    return None
+
+
 def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str) -> None:
     """The resolved settings as JSON, for a resume before the first checkpoint and for people."""
     data = {**run_section, "machine": machine}

@@ -22,7 +22,9 @@ from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.resolve import RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.schedule import plan_schedule
-from trainers.run.run_dir import locate_run, prepare_run_dir, read_saved_run, write_inference_config, write_run_config
+from trainers.run.run_dir import (
+    locate_run, prepare_run_dir, read_saved_run, refuse_another_runs_checkpoint, write_inference_config, write_run_config,
+)
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
 from trainers.training.progress import TrainingProgress
@@ -54,6 +56,8 @@ class Run:
 def setup_run(cmd: CommandLine) -> Run:
     run_dir, checkpoint = locate_run(cmd)
     saved = read_saved_run(run_dir, checkpoint, cmd.resume)
+    if saved and saved.path and cmd.resume not in (None, "auto"):
+        refuse_another_runs_checkpoint(run_dir, saved)
     machine = detect_hardware(pick_device(cmd.given.get("device", "auto")))
     resolution = resolve_run(cmd, run_dir, saved, machine.cache_key())
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
@@ -117,7 +121,8 @@ def log_summary(run: Run) -> None:
     amp_why = ("bf16: supported by this GPU" if hw.amp_dtype == torch.bfloat16 else
                "fp16 with loss scaling: this GPU has no bf16" if hw.amp_dtype == torch.float16 else
                "pass --amp for bf16/fp16 on CUDA" if hw.hardware.is_cuda else "CPU")
-    log.info("data workers %d (%s); amp %s (%s)", hw.num_workers, hw.workers_reason,
-             str(hw.amp_dtype).replace("torch.", "") if hw.amp_dtype else "off", amp_why)
+    log.info("data workers %d (%s); amp %s (%s); TF32 %s", hw.num_workers, hw.workers_reason,
+             str(hw.amp_dtype).replace("torch.", "") if hw.amp_dtype else "off", amp_why,
+             "on" if hw.tf32 else "off" + (" (--no-tf32)" if hw.hardware.is_cuda and not cfg.tf32 else ""))
     log.info("run directory %s; training to step %d (lr decay horizon %d)", run.cfg.run_dir, run.total_steps,
              cfg.lr_decay_steps)

@@ -5,7 +5,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from tqdm import tqdm
 
@@ -50,6 +50,13 @@ class StepMetrics:
         self.mel_tokens += int(sums["mel_tokens"])
         self.mel_correct += int(sums["mel_correct"])
         self.samples += samples
+
+    @classmethod
+    def total(cls, parts: Iterable["StepMetrics"]) -> "StepMetrics":
+        total = cls()
+        for part in parts:
+            total.add(vars(part), part.samples)
+        return total
 
     def means(self) -> dict[str, float]:
         return {
@@ -104,13 +111,27 @@ class TrainLog:
         self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
         self.writer.flush()
 
-    def validation(self, step: int, metrics: StepMetrics) -> dict[str, float]:
+    def validation(self, step: int, by_lang: dict[str, StepMetrics]) -> dict[str, float]:
+        """Log a validation; with several languages (--val-manifest F::LANG or the lines' "language"),
+        also each language's losses, as val/LANG/... in TensorBoard and "langs" in the history."""
+        metrics = StepMetrics.total(by_lang.values())
         means = metrics.means()
         for name, value in means.items():
             self.writer.add_scalar(f"val/{name}", value, step)
         log.info("validation step %d text_loss %.4f mel_loss %.4f mel_top1 %.4f samples %d",
                  step, means["text_loss"], means["mel_loss"], means["mel_top1"], metrics.samples)
-        self.history.append({"kind": "val", "step": step, **means})
+        entry: dict[str, Any] = {"kind": "val", "step": step, **means}
+        if len(by_lang) > 1:
+            entry["langs"] = {}
+            for lang, lang_metrics in sorted(by_lang.items()):
+                name = lang or "unknown"
+                lang_means = entry["langs"][name] = lang_metrics.means()
+                for key, value in lang_means.items():
+                    self.writer.add_scalar(f"val/{name}/{key}", value, step)
+                log.info("validation step %d language %s text_loss %.4f mel_loss %.4f mel_top1 %.4f samples %d", step,
+                         name, lang_means["text_loss"], lang_means["mel_loss"], lang_means["mel_top1"],
+                         lang_metrics.samples)
+        self.history.append(entry)
         self.writer.flush()
         return means
 
