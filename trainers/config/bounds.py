@@ -12,13 +12,16 @@ Why these bounds:
 * The seed keys numpy's PCG64 (any integer >= 0), torch.Generator.manual_seed (at most
   2**64 - 1) and the dropout-mask hash (its low 32 bits), so [0, 2**64 - 1] is what every use
   accepts; seeds that differ only above bit 32 share dropout masks but not the data order.
-* The learning rate is > 0 and <= 1: AdamW's step is about lr per weight, and fine-tuning uses
-  ~1e-5..1e-3; anything above 1 destroys the pretrained weights in one step.
+* The learning rate is > 0 and <= 1: AdamW moves each weight by about lr per step and
+  fine-tuning uses ~1e-5..1e-3, so a value above 1 is a typo that wrecks the pretrained weights
+  in a step (1 itself is already far outside any useful range).
 * Weight decay is in [0, 1]: AdamW multiplies each matrix by (1 - lr x decay) per step, which
   with both <= 1 never changes sign; typical values are 0.01..0.1.
 * Ratios and probabilities: --min-lr-ratio in [0, 1], --dropout in [0, 1), Adam betas in [0, 1).
 * Loss weights and --grad-clip are finite and >= 0 (--grad-clip 0: off); the two loss weights
-  must not both be 0, or nothing is learned.
+  must not both be 0, or nothing is learned. Adam's eps (saved with a run, no flag) is in (0, 1].
+* --num-workers is at most 256: each worker is a process, more never speed up loading, and a
+  typo would start thousands.
 Every float must be finite: NaN compares false with every bound and would pass a plain `<` test.
 """
 from __future__ import annotations
@@ -66,7 +69,9 @@ class Bound:
         """The range for --help, e.g. '>= 1', '0..2**64-1' or '> 0 and <= 1'."""
         if self.kind is int:
             # The cap of counts only stops typos; --help shows the useful part.
-            return f">= {_int_text(self.low)}" if self.high == MAX_COUNT else f"{_int_text(self.low)}..{_int_text(self.high)}"
+            if self.high == MAX_COUNT:
+                return f">= {_int_text(self.low)}"
+            return f"{_int_text(self.low)}..{_int_text(self.high)}"
         return self.describe().removeprefix("a finite number ")
 
 
