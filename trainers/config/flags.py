@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from trainers.config.bounds import BOUNDS, flag_of, parses_as_number, real_number, whole_number
 from trainers.config.settings import TrainConfig
 
 
@@ -60,23 +62,23 @@ def _data_flags(data: argparse._ArgumentGroup, d: TrainConfig) -> None:
 
 
 def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
-    _num(opt, "--effective-batch", int, d.effective_batch,
+    _num(opt, "--effective-batch", d.effective_batch,
          "samples per optimizer step; defines the run and is kept on resume")
-    _num(opt, "--batch-size", int, d.batch_size, "micro-batch size (samples per forward pass; 0: auto)")
-    _num(opt, "--grad-accumulation", int, d.grad_accumulation,
+    _num(opt, "--batch-size", d.batch_size, "micro-batch size (samples per forward pass; 0: auto)")
+    _num(opt, "--grad-accumulation", d.grad_accumulation,
          "micro-batches per optimizer step (0: auto; without --effective-batch, batch size x this sets it)")
-    _num(opt, "--epochs", int, d.epochs, "epochs to train")
-    _num(opt, "--max-steps", int, d.max_steps, "stop after this many optimizer steps (0: no limit)")
-    _num(opt, "--learning-rate", float, d.learning_rate, "peak learning rate")
-    _num(opt, "--warmup-steps", int, d.warmup_steps, "linear warmup steps")
-    _num(opt, "--lr-decay-steps", int, d.lr_decay_steps, "cosine horizon (0: the planned length of the first run)")
-    _num(opt, "--min-lr-ratio", float, d.min_lr_ratio, "final learning rate as a fraction of the peak")
-    _num(opt, "--weight-decay", float, d.weight_decay, "AdamW weight decay on matrices")
-    _num(opt, "--grad-clip", float, d.grad_clip, "max global gradient norm (0: off)")
-    _num(opt, "--text-loss-weight", float, d.text_loss_weight, "weight of the text cross-entropy")
-    _num(opt, "--mel-loss-weight", float, d.mel_loss_weight, "weight of the mel cross-entropy")
-    _num(opt, "--dropout", float, d.dropout, "embedding and residual dropout")
-    _num(opt, "--seed", int, d.seed, "seed of the data order and dropout masks")
+    _num(opt, "--epochs", d.epochs, "epochs to train")
+    _num(opt, "--max-steps", d.max_steps, "stop after this many optimizer steps (0: no limit)")
+    _num(opt, "--learning-rate", d.learning_rate, "peak learning rate")
+    _num(opt, "--warmup-steps", d.warmup_steps, "linear warmup steps")
+    _num(opt, "--lr-decay-steps", d.lr_decay_steps, "cosine horizon (0: the planned length of the first run)")
+    _num(opt, "--min-lr-ratio", d.min_lr_ratio, "final learning rate as a fraction of the peak")
+    _num(opt, "--weight-decay", d.weight_decay, "AdamW weight decay on matrices")
+    _num(opt, "--grad-clip", d.grad_clip, "max global gradient norm (0: off)")
+    _num(opt, "--text-loss-weight", d.text_loss_weight, "weight of the text cross-entropy (not both weights 0)")
+    _num(opt, "--mel-loss-weight", d.mel_loss_weight, "weight of the mel cross-entropy (not both weights 0)")
+    _num(opt, "--dropout", d.dropout, "embedding and residual dropout")
+    _num(opt, "--seed", d.seed, "seed of the data order and dropout masks")
     opt.add_argument("--data-order", choices=("grouped", "random"),
                      help=f"grouped: each step holds samples of similar length (little padding); random: plain "
                           f"shuffled steps [{d.data_order}]")
@@ -93,26 +95,60 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     rt.add_argument("--deterministic", action="store_true",
                     help="deterministic CUDA kernels, for bit-identical resume on GPU (slower; CPU runs are "
                          "deterministic anyway)")
-    _num(rt, "--num-workers", int, d.num_workers, "data loading worker processes (0: auto)")
+    _num(rt, "--num-workers", d.num_workers, "data loading worker processes (0: auto)")
     rt.add_argument("--device", help=f"auto, cpu, cuda or cuda:N [{d.device}]")
-    _num(rt, "--val-interval", int, d.val_interval, "validate every N optimizer steps (0: only at start and end)")
-    _num(rt, "--max-val-batches", int, d.max_val_batches,
+    _num(rt, "--val-interval", d.val_interval, "validate every N optimizer steps (0: only at start and end)")
+    _num(rt, "--max-val-batches", d.max_val_batches,
          "validate on at most this many x (--val-batch-size or the effective batch) samples (0: all)")
-    _num(rt, "--val-batch-size", int, d.val_batch_size, "samples per validation forward pass (0: the micro-batch)")
-    _num(rt, "--save-interval", int, d.save_interval, "save a checkpoint every N optimizer steps")
-    _num(rt, "--keep-checkpoints", int, d.keep_checkpoints, "model_step files to keep (0: only latest.pth)")
-    _num(rt, "--log-interval", int, d.log_interval, "log a line every N optimizer steps")
+    _num(rt, "--val-batch-size", d.val_batch_size, "samples per validation forward pass (0: the micro-batch)")
+    _num(rt, "--save-interval", d.save_interval, "save a checkpoint every N optimizer steps")
+    _num(rt, "--keep-checkpoints", d.keep_checkpoints, "model_step files to keep (0: only latest.pth)")
+    _num(rt, "--log-interval", d.log_interval, "log a line every N optimizer steps")
     rt.add_argument("--log-sample-ids", action="store_true",
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
 
 
-def _num(group: argparse._ArgumentGroup, flag: str, kind: type, default: Any, text: str) -> None:
-    group.add_argument(flag, type=kind, help=f"{text} [{default}]")
+def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str) -> None:
+    """A numeric flag: its form (whole number or not) is checked here, its range with the other settings
+    (trainers/config/bounds.py), so a value from a saved run is held to the same range."""
+    bound = BOUNDS[flag[2:].replace("-", "_")]
+    kind = whole_number if bound.kind is int else real_number
+    group.add_argument(flag, type=kind, help=f"{text} ({bound.range_text()}) [{default}]")
+
+
+NUMERIC_FLAGS = frozenset(flag_of(name) for name, bound in BOUNDS.items() if bound.flag)
+
+
+def join_negative_values(argv: Sequence[str]) -> list[str]:
+    """`--learning-rate -1e-3` -> `--learning-rate=-1e-3`.
+
+    argparse takes a word that starts with '-' for an option unless it looks like '-1' or '-0.5',
+    so '-1e-3', '-inf' or '-1.' after a numeric flag end in "expected one argument". Joined with
+    '=', the value reaches the range check, which says what is wrong with it. Abbreviated flags
+    (`--learn -1e-3`) are joined too; argparse still resolves or refuses the abbreviation.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        value = argv[i + 1] if i + 1 < len(argv) else None
+        if (value is not None and value.startswith("-") and parses_as_number(value) and arg.startswith("--")
+                and "=" not in arg and len(arg) > 2 and any(f.startswith(arg) for f in NUMERIC_FLAGS)):
+            out.append(f"{arg}={value}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
 
 
 def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     """The typed flags, with paths made absolute (a run must not depend on the directory it was started in)."""
-    ns = vars(build_parser().parse_args(argv))
+    args = sys.argv[1:] if argv is None else list(argv)
+    ns = vars(build_parser().parse_args(join_negative_values(args)))
     resume = ns.pop("resume", None)
     allow = ns.pop("allow_config_change", False)
     force = ns.pop("force_resume", False)

@@ -8,6 +8,7 @@ are checked lazily by trainers.data.features when a sample is loaded.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -84,9 +85,25 @@ def _read_text(spec: ManifestSpec, flag: str, out: list[str]) -> str | None:
         return None
     try:
         return data.decode("utf-8-sig")  # tolerate a BOM written by some editors
-    except UnicodeDecodeError as exc:
-        out.append(f"{flag} {spec.path}: not UTF-8 text (bad byte at offset {exc.start}); save the manifest as UTF-8")
+    except UnicodeDecodeError:
+        out.extend(_non_utf8_lines(spec.path, data))
         return None
+
+
+def _non_utf8_lines(path: Path, data: bytes) -> list[str]:
+    """`file:line` of every line that is not UTF-8 (a newline byte never occurs inside a UTF-8
+    sequence, so the bytes split into the same lines as the text)."""
+    problems = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        skip = len(codecs.BOM_UTF8) if number == 1 and raw.startswith(codecs.BOM_UTF8) else 0
+        try:
+            raw[skip:].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            column = skip + exc.start
+            problems.append(f"{path}:{number}: not UTF-8 text (byte 0x{raw[column]:02x} at byte {column + 1} of the "
+                            "line); save the manifest as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 (with the encoding it "
+                            "was written in)")
+    return problems
 
 
 def _load_one(spec: ManifestSpec, check: Validator) -> None:

@@ -6,6 +6,7 @@ loaded (trainers.data.features).
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,13 +118,31 @@ class Validator:
     flag: str
     problems: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
-    exists: dict[str, bool] = field(default_factory=dict)  # one stat per unique feature path
+    # One stat per unique feature path: what is wrong with it, "" for a readable regular file.
+    file_problems: dict[str, str] = field(default_factory=dict)
 
-    def file_exists(self, path: str) -> bool:
-        found = self.exists.get(path)
-        if found is None:
-            found = self.exists[path] = os.path.isfile(path)
-        return found
+    def file_problem(self, path: str) -> str:
+        problem = self.file_problems.get(path)
+        if problem is None:
+            problem = self.file_problems[path] = _file_problem(path)
+        return problem
+
+
+def _file_problem(path: str) -> str:
+    """"" for a readable regular file (symlinks followed), else what the path is instead."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "file not found"
+    except OSError as exc:
+        return f"cannot be reached ({exc.strerror or exc})"
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a device, pipe or socket)"
+    if not os.access(path, os.R_OK):
+        return "is not readable (permission denied)"
+    return ""
 
 
 @dataclass
@@ -134,15 +153,15 @@ class FileContext:
     base: str
     lang: str | None
     check: Validator
-    # raw path as written -> (resolved absolute path, file exists); large
+    # raw path as written -> (resolved absolute path, what is wrong with it or ""); large
     # manifests repeat few paths, so each is joined and stat'ed once.
-    features: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    features: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def feature(self, raw: str) -> tuple[str, bool]:
+    def feature(self, raw: str) -> tuple[str, str]:
         entry = self.features.get(raw)
         if entry is None:
             path = os.path.normpath(os.path.join(self.base, raw))  # absolute `raw` stays as is
-            entry = self.features[raw] = (path, self.check.file_exists(path))
+            entry = self.features[raw] = (path, self.check.file_problem(path))
         return entry
 
 
@@ -165,10 +184,13 @@ def _path_problem(key: str, value: Any, ctx: FileContext) -> tuple[str | None, s
     """Return (resolved path, None) for an existing feature file, else (None, problem)."""
     if type(value) is not str or not value:
         return None, f"{key} must be a non-empty string path, got {value!r} ({_type_name(value)}); fix the manifest line"
-    path, found = ctx.feature(value)
-    if not found:
-        return None, f"{key} file not found: {path}; relative paths are resolved from the manifest folder {ctx.base}"
-    return path, None
+    path, problem = ctx.feature(value)
+    if not problem:
+        return path, None
+    outside = os.path.isabs(value) or os.path.relpath(path, ctx.base).split(os.sep)[0] == os.pardir
+    where = (f"it is outside the manifest folder {ctx.base}, which is allowed only for an existing regular file"
+             if outside else f"relative paths are resolved from the manifest folder {ctx.base}")
+    return None, f"{key} {problem}: {path}; {where}; fix the path or the file"
 
 
 def _optional_str(obj: dict[str, Any], key: str) -> tuple[str | None, str | None]:

@@ -33,6 +33,16 @@ from torch.utils.checkpoint import checkpoint
 from trainers.model.layout import PREFIX_LEN
 
 
+# The official IndexTTS2 config's values, quoted in messages as examples.
+_OFFICIAL = {"model_dim": 1280, "layers": 24, "heads": 20, "max_text_tokens": 600, "max_mel_tokens": 1815,
+             "number_text_tokens": 12000, "number_mel_codes": 8194, "start_text_token": 0, "stop_text_token": 1,
+             "start_mel_token": 8192, "stop_mel_token": 8193}
+# The lowest value each integer field accepts.
+_LOWEST = {"model_dim": 1, "layers": 1, "heads": 1, "max_text_tokens": 1, "max_mel_tokens": 1,
+           "number_text_tokens": 2, "number_mel_codes": 3,
+           "start_text_token": 0, "stop_text_token": 0, "start_mel_token": 0, "stop_mel_token": 0}
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """The `gpt` section of an IndexTTS2 config.yaml that the training path needs."""
@@ -52,15 +62,62 @@ class GPTConfig:
 
     @classmethod
     def from_yaml_section(cls, section: Mapping[str, Any], **overrides: Any) -> "GPTConfig":
+        """The config of a yaml `gpt` section; ValueError lists every problem, one `gpt.KEY ...` per line."""
         values = {f.name: section[f.name] for f in fields(cls) if f.name in section}
         values.update(overrides)
-        missing = sorted(f.name for f in fields(cls) if f.name not in values and f.default is MISSING)
-        if missing:
-            raise ValueError(f"config section 'gpt' lacks {', '.join(missing)}")
-        cfg = cls(**values)
-        if cfg.model_dim % cfg.heads:
-            raise ValueError(f"gpt.model_dim {cfg.model_dim} is not divisible by gpt.heads {cfg.heads}")
-        return cfg
+        problems = cls.section_problems(values)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return cls(**values)
+
+    @classmethod
+    def section_problems(cls, values: Mapping[str, Any], supplied: tuple[str, ...] = ()) -> list[str]:
+        """What is wrong with a gpt section: missing keys (except those `supplied` later), then its values.
+
+        Sizes are whole numbers >= 1 (the text vocabulary >= 2, the mel vocabulary >= 3: a code
+        plus start and stop), model_dim splits evenly into heads, start/stop text tokens are two
+        distinct ids of the text vocabulary, and start/stop mel tokens are the last two ids of the
+        mel vocabulary, as in the official config: the data check takes every id below
+        start_mel_token for a semantic code, so specials anywhere else would collide with codes.
+        """
+        problems = [f"gpt.{f.name} is missing; add it (the official config has {f.name}: {_OFFICIAL[f.name]})"
+                    for f in fields(cls) if f.name not in values and f.name not in supplied and f.default is MISSING]
+        # Special token ids the section leaves out take their defaults, which must fit the section too.
+        full = {f.name: f.default for f in fields(cls) if f.name in _LOWEST and f.default is not MISSING}
+        full.update({k: v for k, v in values.items() if k in _LOWEST})
+
+        def got(name: str) -> str:
+            return f"got {full[name]!r}" + ("" if name in values else " (the default: the config does not set it)")
+
+        ok: dict[str, int] = {}
+        for name, value in full.items():
+            if type(value) is not int:  # bool is an int subclass: refuse it too
+                problems.append(f"gpt.{name} must be a whole number, {got(name)} ({type(value).__name__}); write "
+                                f"digits only, e.g. {name}: {_OFFICIAL[name]} as in the official config")
+            elif value < _LOWEST[name]:
+                problems.append(f"gpt.{name} must be at least {_LOWEST[name]}, {got(name)}; the official config has "
+                                f"{name}: {_OFFICIAL[name]}")
+            else:
+                ok[name] = value
+        if "model_dim" in ok and "heads" in ok and ok["model_dim"] % ok["heads"]:
+            problems.append(f"gpt.heads {ok['heads']} does not divide gpt.model_dim {ok['model_dim']}; choose heads "
+                            "that split model_dim evenly (the official config: 1280 / 20 heads)")
+        codes = ok.get("number_mel_codes")
+        for name, offset in (("start_mel_token", 2), ("stop_mel_token", 1)):
+            if codes is not None and name in ok and ok[name] != codes - offset:
+                problems.append(f"gpt.{name} must be gpt.number_mel_codes - {offset} = {codes - offset} (the special "
+                                f"ids follow the {codes - 2} semantic codes, as in the official config), {got(name)}; "
+                                f"fix gpt.{name} or gpt.number_mel_codes")
+        tokens = ok.get("number_text_tokens")
+        for name in ("start_text_token", "stop_text_token"):
+            if tokens is not None and name in ok and ok[name] >= tokens:
+                problems.append(f"gpt.{name} must be an id of the text vocabulary (0..{tokens - 1}), {got(name)}; use "
+                                f"the id of the tokenizer's {name.split('_')[0]} piece (the official config: "
+                                f"{_OFFICIAL[name]})")
+        if "start_text_token" in ok and ok.get("stop_text_token") == ok["start_text_token"]:
+            problems.append(f"gpt.stop_text_token equals gpt.start_text_token ({ok['start_text_token']}); they must "
+                            "differ (the official config: 0 and 1)")
+        return problems
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -140,6 +140,12 @@ def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Te
         log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved checkpoints "
                     "unchanged", key)
         carried[key] = trained.pop(key)
+    not_float = [f"  {k}: {str(trained[k].dtype).removeprefix('torch.')}" for k in sorted(set(trained) & set(own))
+                 if own[k].is_floating_point() and not trained[k].is_floating_point()]
+    if not_float:
+        raise UserError("\n".join([f"--base-checkpoint {path} holds non-floating-point tensors where the model has "
+                                    "weights:", *not_float, "these must be float32, float16 or bfloat16; pass the "
+                                    "original IndexTTS2 gpt.pth (not a quantized or converted copy)"]))
     missing = sorted(set(own) - set(trained))
     base_tokens = text_tokens_of(trained, path)
     new_tokens = own["text_embedding.weight"].shape[0] - 1

@@ -46,7 +46,16 @@ def read_model_yaml(path: str) -> dict[str, Any]:
         raise UserError(f"--config {path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
         raise UserError(f"--config {path}: no 'gpt' section; pass the IndexTTS2 config.yaml")
+    # Checked as soon as it is read: --demo builds its corpus from these values before the model config is.
+    # number_text_tokens may be absent: the tokenizer's size replaces it.
+    _raise_config_problems(path, GPTConfig.section_problems(data["gpt"], supplied=("number_text_tokens",)))
     return data
+
+
+def _raise_config_problems(path: str, problems: list[str]) -> None:
+    if problems:
+        raise UserError("\n".join([*(f"--config {path}: {p}" for p in problems),
+                                    "fix the gpt section of that file; nothing was written"]))
 
 
 def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
@@ -55,10 +64,10 @@ def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
     paths = [*cfg.train_manifests, *cfg.val_manifests, cfg.tokenizer, cfg.base_checkpoint]
     if not cfg.demo or not any(p and Path(p).parent == root for p in paths):
         return
-    gpt = model_yaml["gpt"]
-    ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt["model_dim"], vocab_size=gpt["number_text_tokens"],
-                                            num_codes=gpt["start_mel_token"]))
-    ensure_demo_base(root, GPTConfig.from_yaml_section(gpt))
+    gpt = model_config(model_yaml["gpt"], cfg.config)  # the demo's tokenizer is trained to its number_text_tokens
+    ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt.model_dim, vocab_size=gpt.number_text_tokens,
+                                            num_codes=gpt.start_mel_token))
+    ensure_demo_base(root, gpt)
 
 
 def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str) -> RunInputs:
@@ -92,12 +101,17 @@ def tokenizer_sha256(path: str) -> str:
 
 def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int) -> GPTConfig:
     section = model_yaml["gpt"]
-    try:
-        gpt = GPTConfig.from_yaml_section(section, number_text_tokens=text_tokens, dropout=cfg.dropout)
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"--config {cfg.config}: {exc}") from None
+    gpt = model_config(section, cfg.config, number_text_tokens=text_tokens, dropout=cfg.dropout)
     configured = section.get("number_text_tokens")
     if configured is not None and configured != text_tokens:
         log.info("the tokenizer has %d pieces, --config says gpt.number_text_tokens %s: the model uses %d",
                  text_tokens, configured, text_tokens)
     return gpt
+
+
+def model_config(section: dict[str, Any], path: str, **overrides: Any) -> GPTConfig:
+    try:
+        return GPTConfig.from_yaml_section(section, **overrides)
+    except ValueError as exc:
+        _raise_config_problems(path, str(exc).splitlines())
+        raise

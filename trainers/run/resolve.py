@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainers.config.bounds import MAX_COUNT, value_problems
 from trainers.config.flags import CommandLine
 from trainers.config.settings import DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, TrainConfig
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
@@ -77,6 +78,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, len(inputs.train_samples)))
+    check_horizon(train, len(inputs.train_samples))
     run_id = (saved.run_id if saved else "") or new_run_id()
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
                       inputs, saved)
@@ -90,6 +92,17 @@ def planned_steps(cfg: TrainConfig, num_samples: int) -> int:
     """Steps of --epochs over the data, or --max-steps if that comes first."""
     by_epochs = cfg.epochs * math.ceil(num_samples / cfg.effective_batch)
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
+
+
+def check_horizon(cfg: TrainConfig, num_samples: int) -> None:
+    """The derived learning-rate horizon is saved with the run: keep it inside the range a resume accepts."""
+    if cfg.lr_decay_steps > MAX_COUNT:
+        raise UserError(f"--epochs {cfg.epochs} over {num_samples} samples is {cfg.lr_decay_steps} optimizer steps, "
+                        f"more than {MAX_COUNT}; lower --epochs or pass --max-steps (nothing was written)")
+    if cfg.warmup_steps >= cfg.lr_decay_steps:
+        log.warning("--warmup-steps %d is not shorter than the learning-rate horizon of %d steps: the learning rate "
+                    "never reaches its peak --learning-rate %g; lower --warmup-steps", cfg.warmup_steps,
+                    cfg.lr_decay_steps, cfg.learning_rate)
 
 
 def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str) -> TrainConfig:
@@ -155,19 +168,13 @@ def _given_batch_split(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_values(cfg: TrainConfig) -> None:
-    for name in ("effective_batch", "epochs"):
-        if getattr(cfg, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("batch_size", "grad_accumulation", "max_steps", "warmup_steps", "lr_decay_steps", "num_workers",
-                 "val_interval", "max_val_batches", "save_interval", "keep_checkpoints", "val_batch_size"):
-        if getattr(cfg, name) < 0:
-            raise UserError(f"--{name.replace('_', '-')} must not be negative, got {getattr(cfg, name)}")
-    if cfg.log_interval < 1:
-        raise UserError(f"--log-interval must be at least 1, got {cfg.log_interval}")
-    if not 0.0 <= cfg.dropout < 1.0:
-        raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
-    if cfg.learning_rate <= 0:
-        raise UserError(f"--learning-rate must be positive, got {cfg.learning_rate}")
+    """Every setting inside its accepted range (trainers/config/bounds.py), all problems at once."""
+    problems = value_problems(cfg.to_dict())
+    if cfg.data_order not in ("grouped", "random"):
+        problems.append(f"--data-order must be grouped or random, got {cfg.data_order!r}")
+    if problems:
+        raise UserError("\n".join([*problems, "nothing was written; fix these flags (a value saved with the run is "
+                                               "replaced by passing its flag)"]))
     if not cfg.demo:
         if not cfg.train_manifests:
             raise UserError("no training data: pass --train-manifest FILE (or --demo for the built-in corpus)")
