@@ -347,9 +347,11 @@ def test_large_manifest_with_few_files_stats_each_file_once(tmp_path, monkeypatc
     manifest = tmp_path / "big.jsonl"
     manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
+    from trainers.data import manifest_lines
+
     stats = []
-    real_isfile = os.path.isfile
-    monkeypatch.setattr(os.path, "isfile", lambda path: stats.append(path) or real_isfile(path))
+    real = manifest_lines._file_problem
+    monkeypatch.setattr(manifest_lines, "_file_problem", lambda path: stats.append(path) or real(path))
     samples = load_manifests([ManifestSpec(manifest, None)], LIMITS)
     assert len(samples) == 20_000
     assert samples[-1].index == 19_999
