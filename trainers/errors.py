@@ -21,5 +21,9 @@ class CheckpointWriteError(RuntimeError):
     """Saving failed (disk full, permissions); training stops rather than run on unsaved (exit 4)."""
 
 
+class LogWriteError(CheckpointWriteError):
+    """A log file (TensorBoard events, sample_ids.tsv) could not be written (disk full); exit 4."""
+
+
 class TrainingDiverged(RuntimeError):
     """Weights, optimizer state or a validation loss became non-finite; nothing is saved (exit 3)."""

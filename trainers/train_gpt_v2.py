@@ -40,8 +40,8 @@ from tqdm import tqdm  # noqa: E402
 from trainers.data.data_order import StepPlan  # noqa: E402
 from trainers.data.features import FeatureError  # noqa: E402
 from trainers.errors import (  # noqa: E402
-    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError, TrainingDiverged,
-    UserError,
+    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError, LogWriteError,
+    TrainingDiverged, UserError,
 )
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None) -> i
     setup_logging()
     stop = StopRequest().install()
     faults = Faults.from_env()
+    run = None
     try:
         run = setup_run(cmd)
         faults.kill.check("setup")
@@ -74,12 +75,17 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None) -> i
     except UserError as exc:
         log.error("%s", exc)
         return EXIT_USAGE
+    except CheckpointWriteError as exc:  # the log could not even be opened
+        log.error("%s", exc)
+        return EXIT_SAVE_FAILED
     except StopNow as exc:
         if not stop.training:
             log.warning("stopped by %s during start-up: nothing was trained, no checkpoint was changed", exc)
         return exc.exit_status  # during training: a second signal abandoned the step, the last checkpoint stands
     finally:
         stop.uninstall()
+        if run is not None:
+            run.close()
 
 
 def train(run: Run, stop: StopRequest, faults: Faults) -> int:
@@ -108,7 +114,8 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                  "--max-steps or --epochs", run.progress.step, run.data.epoch, run.data.step_in_epoch)
         return stop.exit_status if stop.requested else EXIT_OK  # a signal during the final validation
     except CheckpointWriteError as exc:
-        log.error("%s", exc)
+        log.error("%s%s", exc, f" (the last checkpoint, {run.checkpoints.newest_name()}, is intact)"
+                  if isinstance(exc, LogWriteError) else "")
         return EXIT_SAVE_FAILED
     except TrainingDiverged as exc:
         log.error("training diverged at step %d: %s. Nothing was saved from it; the last checkpoint (%s) is intact. "

@@ -41,14 +41,19 @@ class StepLoader:
         self._sampler = _PlanSampler()
         # A private generator keeps DataLoader's worker seeding off the global RNG, so starting a
         # pass mid-epoch on resume draws nothing the uninterrupted run would not have drawn.
-        self._loader = DataLoader(dataset, batch_sampler=self._sampler, num_workers=workers,
-                                  collate_fn=collate_batch, pin_memory=pin_memory,
-                                  generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0,
-                                  worker_init_fn=ignore_stop_signals if workers else None)
+        self._loader: DataLoader | None = DataLoader(
+            dataset, batch_sampler=self._sampler, num_workers=workers, collate_fn=collate_batch, pin_memory=pin_memory,
+            generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0,
+            worker_init_fn=ignore_stop_signals if workers else None)
         self._checked: set[int] = set()
+
+    def close(self) -> None:
+        """Shut the worker processes down (dropping the loader drops its iterator, which stops them)."""
+        self._loader = None
 
     def batches(self, plans: list[StepPlan]) -> Iterator[Batch]:
         """The micro-batches of `plans`, in order, as CPU batches."""
+        assert self._loader is not None, "the loader was closed"
         self._sampler.plans = plans
         for batch in self._loader:
             self._warn_about_trailing_runs(batch)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,9 +156,33 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
                  tokenizer)
 
 
+# Temporaries of write_text_atomically (run_config.json, config.yaml, ...) and of demo-data generation.
+_STRAY_FILE = re.compile(r"^\.[A-Za-z0-9_.-]+\.(json|yaml|tsv)\.tmp$")
+_STRAY_DIR = re.compile(r"^\.demo_data\.(tmp|stale)-[A-Za-z0-9_]+$")
+
+
 def prepare_run_dir(run_dir: Path) -> None:
-    """Create the directory and remove what a killed save left behind."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Remove what a killed trainer left half written. Call with the run directory locked."""
     removed = CheckpointManager(run_dir, keep=0).clean_stale_temporaries()
+    for entry in sorted(run_dir.iterdir()):
+        if _STRAY_FILE.match(entry.name) and entry.is_file():
+            entry.unlink()
+            removed.append(entry)
+        elif _STRAY_DIR.match(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+            removed.append(entry)
     if removed:
-        log.info("removed %d unfinished checkpoint file(s) left by an interrupted save", len(removed))
+        log.info("removed %d unfinished file(s) left by an interrupted trainer: %s", len(removed),
+                 ", ".join(p.name for p in removed))
+
+
+def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],
+                      text_tokens: int, extended: bool, tokenizer: str) -> None:
+    """run_config.json and the inference config.yaml; a full disk or read-only directory stops here, cleanly."""
+    try:
+        prepare_run_dir(run_dir)
+        write_run_config(run_dir, run_section, machine)
+        write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer)
+    except OSError as exc:
+        raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "
+                        "then start again (nothing was trained)") from None

@@ -15,16 +15,15 @@ from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
 from trainers.data.train_data import TrainData
-from trainers.hardware.detect import detect_hardware, make_deterministic, pick_device
+from trainers.hardware.detect import Hardware, detect_hardware, make_deterministic, pick_device
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
-from trainers.run.resolve import RunConfig, resolve_run
+from trainers.run.lock import RunLock
+from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.schedule import plan_schedule
-from trainers.run.run_dir import (
-    locate_run, prepare_run_dir, read_saved_run, refuse_another_runs_checkpoint, write_inference_config, write_run_config,
-)
+from trainers.run.run_dir import locate_run, read_saved_run, refuse_another_runs_checkpoint, write_start_files
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
 from trainers.training.progress import TrainingProgress
@@ -47,10 +46,18 @@ class Run:
     hw: HardwarePlan
     checkpoints: Checkpointer
     total_steps: int  # where this invocation stops: --max-steps or the end of --epochs, whichever is first
+    lock: RunLock
 
     @property
     def model(self) -> torch.nn.Module:
         return self.weights.model
+
+    def close(self) -> None:
+        """Let go of the run directory and the loader processes."""
+        for loader in (self.train_loader, self.val_loader):
+            if loader is not None:
+                loader.close()
+        self.lock.release()
 
 
 def setup_run(cmd: CommandLine) -> Run:
@@ -60,7 +67,17 @@ def setup_run(cmd: CommandLine) -> Run:
         refuse_another_runs_checkpoint(run_dir, saved)
     machine = detect_hardware(pick_device(cmd.given.get("device", "auto")))
     resolution = resolve_run(cmd, run_dir, saved, machine.cache_key())
+    lock = RunLock(run_dir).acquire()  # before anything in the run directory is changed
+    try:
+        return _start_run(cmd, resolution, machine, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock: RunLock) -> Run:
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
+    run_dir = cfg.run_dir
     ckpt = resume.checkpoint if resume else None
     changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
 
@@ -90,13 +107,12 @@ def setup_run(cmd: CommandLine) -> Run:
     optim.schedule = schedule
     progress.record_start(resume.path if ckpt else None, machine.cache_key(), changes)
 
-    prepare_run_dir(run_dir)
-    write_run_config(run_dir, cfg.state_dict(), machine.cache_key())
-    write_inference_config(run_dir, cfg.model_yaml, cfg.vocab.text_tokens, cfg.vocab.extended, cfg.train.tokenizer)
+    write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
+                      cfg.vocab.extended, cfg.train.tokenizer)
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
     run = Run(cfg, weights, optim, data, *loaders, progress, hw,
-              Checkpointer(run_dir, cfg.train.keep_checkpoints, components), total)
+              Checkpointer(run_dir, cfg.train.keep_checkpoints, components), total, lock)
     log_summary(run)
     return run
 

@@ -1,14 +1,18 @@
 """Where training reports go: log lines, TensorBoard, the metrics history, sample-id records."""
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tqdm import tqdm
 
+from trainers.checkpoint.files import os_error_in_chain
+from trainers.errors import LogWriteError
 from trainers.files import write_text_atomically
 
 log = logging.getLogger("train")
@@ -66,6 +70,40 @@ class StepMetrics:
         }
 
 
+def _io_errors_stop_the_run(method: Callable) -> Callable:
+    """A failed log write (full disk, file-size limit) ends the run cleanly (exit 4) instead of a traceback.
+    TensorBoard writes in a thread and re-raises the thread's error at the next call, so it lands here too."""
+    @functools.wraps(method)
+    def guarded(self: "TrainLog", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (OSError, RuntimeError) as exc:
+            cause = os_error_in_chain(exc)
+            if cause is None:
+                raise
+            raise LogWriteError(f"could not write the training log in {self.run_dir}: {cause}; free disk space, then "
+                                f"continue with --resume auto --output-dir {self.run_dir}") from None
+    return guarded
+
+
+class _QuietTensorBoardThread:
+    """While the log is open, an I/O error in TensorBoard's writer thread is one log line, not a traceback
+    (the error itself surfaces at the next write and stops the run)."""
+
+    def __init__(self) -> None:
+        self.previous = threading.excepthook
+        threading.excepthook = self._hook
+
+    def _hook(self, args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+            log.error("TensorBoard could not write its event file: %s", args.exc_value)
+            return
+        self.previous(args)
+
+    def restore(self) -> None:
+        threading.excepthook = self.previous
+
+
 @dataclass
 class TrainLog:
     run_dir: Path
@@ -73,11 +111,13 @@ class TrainLog:
     history: list[dict[str, Any]] = field(default_factory=list)
     record_sample_ids: bool = False
 
+    @_io_errors_stop_the_run
     def __post_init__(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events a killed run wrote after the checkpoint we resume from.
         self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=self.start_step + 1)
+        self._quiet = _QuietTensorBoardThread()
         self.sample_ids_path = self.run_dir / "sample_ids.tsv"
         if self.record_sample_ids:
             _truncate_sample_ids(self.sample_ids_path, self.start_step)
@@ -85,6 +125,7 @@ class TrainLog:
         self._interval_steps = 0
         self._interval_seconds = 0.0
 
+    @_io_errors_stop_the_run
     def train_step(self, step: int, metrics: StepMetrics, lr: float, grad_norm: float, seconds: float) -> None:
         means = metrics.means()
         for name, value in means.items():
@@ -97,6 +138,7 @@ class TrainLog:
         self._interval_seconds += seconds
         self._last = (lr, grad_norm)
 
+    @_io_errors_stop_the_run
     def flush_interval(self, step: int, epoch: int, total_steps: int) -> None:
         if not self._interval_steps:
             return
@@ -111,6 +153,7 @@ class TrainLog:
         self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
         self.writer.flush()
 
+    @_io_errors_stop_the_run
     def validation(self, step: int, by_lang: dict[str, StepMetrics]) -> dict[str, float]:
         """Log a validation; with several languages (--val-manifest F::LANG or the lines' "language"),
         also each language's losses, as val/LANG/... in TensorBoard and "langs" in the history."""
@@ -135,17 +178,24 @@ class TrainLog:
         self.writer.flush()
         return means
 
+    @_io_errors_stop_the_run
     def scalar(self, name: str, value: float, step: int) -> None:
         self.writer.add_scalar(name, value, step)
         self.writer.flush()
 
+    @_io_errors_stop_the_run
     def sample_ids(self, step: int, epoch: int, ids: list[str]) -> None:
         if self.record_sample_ids:
             with open(self.sample_ids_path, "a", encoding="utf-8") as f:
                 f.write(f"{step}\t{epoch}\t{','.join(ids)}\n")
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        except (OSError, RuntimeError) as exc:  # closing after a failure: the failure was already reported
+            log.debug("closing the TensorBoard writer: %s", exc)
+        finally:
+            self._quiet.restore()
 
 
 def _truncate_sample_ids(path: Path, keep_up_to_step: int) -> None:

@@ -1,0 +1,36 @@
+"""One trainer per run directory: a second one is refused, and a killed one leaves no stale lock."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from tests.demo_runs import REPO, SCRIPT, final_state, subprocess_env, train_here
+
+FLAGS = ["--batch-size", "16", "--val-interval", "0", "--max-val-batches", "1", "--log-interval", "1",
+         "--save-interval", "1000", "--lr-decay-steps", "400"]
+
+
+def test_a_second_trainer_is_refused_and_a_killed_ones_lock_does_not_block(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *FLAGS,
+                              "--max-steps", "400"], cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:
+            if "first optimizer step finished" in line:  # training, no checkpoint yet (as a fresh start sees it)
+                break
+        config = (out / "run_config.json").read_bytes()
+        for flags in (["--resume", "auto"], [*demo_assets, *FLAGS, "--seed", "2"]):  # continue it; start another
+            refused = train_here(out, *flags)
+            assert refused.returncode == 2, refused.stderr
+            assert "another trainer is using" in refused.stderr and f"pid {first.pid} on" in refused.stderr
+        assert (out / "run_config.json").read_bytes() == config  # the running trainer's settings stand
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    resumed = train_here(out, "--resume", "auto", "--max-steps", "2")
+    assert resumed.returncode == 0, resumed.stderr  # the kernel dropped the dead trainer's lock
+    assert "no checkpoint yet" in resumed.stderr and final_state(out).step == 2
