@@ -129,16 +129,18 @@ class BaseWeights:
     new_text_rows: int = 0
 
 
-def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> BaseWeights:
-    """Load `path` (or its already read `state`) into `model`, extending the text rows if needed."""
-    trained, carried, dropped = split_state_dict(read_state_dict(path) if state is None else state)
-    own = model.state_dict()
+def check_base_fits(path: Path, state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+                    report_unknown: bool = True) -> tuple[StateDict, StateDict, list[str], int]:
+    """Split `state` and check that it fits a model whose state dict is `own` (shapes only: a model on
+    the meta device will do). Returns (trained, carried, dropped, base text tokens); UserError if not."""
+    trained, carried, dropped = split_state_dict(state)
     # Keys in the model's own namespaces that it lacks (e.g. extra layers) mean the config does
     # not match; anything else is unknown to us and is carried through rather than lost.
     unexpected = sorted(k for k in set(trained) - set(own) if k.startswith(MODEL_NAMESPACES))
     for key in sorted(set(trained) - set(own) - set(unexpected)):
-        log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved checkpoints "
-                    "unchanged", key)
+        if report_unknown:
+            log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved "
+                        "checkpoints unchanged", key)
         carried[key] = trained.pop(key)
     not_float = [f"  {k}: {str(trained[k].dtype).removeprefix('torch.')}" for k in sorted(set(trained) & set(own))
                  if own[k].is_floating_point() and not trained[k].is_floating_point()]
@@ -166,6 +168,15 @@ def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Te
         lines.append("check that --config matches the checkpoint (model_dim, layers, heads, max_*_tokens, "
                      "number_mel_codes)")
         raise UserError("\n".join(lines))
+    return trained, carried, dropped, base_tokens
+
+
+def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> BaseWeights:
+    """Load `path` (or its already read `state`) into `model`, extending the text rows if needed."""
+    own = model.state_dict()
+    trained, carried, dropped, base_tokens = check_base_fits(path, read_state_dict(path) if state is None else state,
+                                                             own)
+    new_tokens = own["text_embedding.weight"].shape[0] - 1
     for key in TEXT_ROW_KEYS:
         trained[key] = resize_text_rows(trained[key], new_tokens)
     model.load_state_dict(trained, strict=True)

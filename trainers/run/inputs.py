@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from trainers.config.settings import TrainConfig
@@ -18,8 +19,8 @@ from trainers.data.manifest import DataLimits, ManifestError, Sample, load_manif
 from trainers.errors import UserError
 from trainers.files import dict_sha256, file_sha256
 from trainers.model.demo_base import ensure_demo_base
-from trainers.model.gpt_model import GPTConfig
-from trainers.model.weights import StateDict, read_state_dict, refuse_bad_values
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+from trainers.model.weights import StateDict, check_base_fits, read_state_dict, refuse_bad_values
 
 log = logging.getLogger("train")
 
@@ -92,6 +93,9 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint else None
     if base_state is not None:
         refuse_bad_values(base_state, Path(cfg.base_checkpoint))
+        with torch.device("meta"):  # shapes only: the check costs no memory and writes nothing
+            check_base_fits(Path(cfg.base_checkpoint), base_state, UnifiedVoiceGPT(gpt).state_dict(),
+                            report_unknown=False)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train_samples, val_samples, fingerprints, base_state)
 
 
