@@ -46,6 +46,22 @@ def test_a_format_1_checkpoint_resumes_bit_identically(tmp_path):
     resumed = train_here(run, "--resume", "auto", "--log-sample-ids", "--train-manifest", str(data / "train.jsonl"),
                          "--val-manifest", str(data / "val.jsonl"), "--tokenizer", str(data / "bpe.model"),
                          "--config", str(data / "tiny.yaml"))
+    assert_resumed_to_step_8(resumed, run)
+
+
+def test_a_format_1_checkpoint_resumes_with_one_data_root_for_its_saved_paths(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURE / "model_step4.pth", run / "latest.pth")
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE / "data", data)
+    # The saved manifests, tokenizer and config all lie under /tmp/fx1/data, where the fixture was made.
+    resumed = train_here(run, "--resume", "auto", "--log-sample-ids", "--data-root", f"/tmp/fx1/data={data}")
+    assert "input moved: --tokenizer /tmp/fx1/data/bpe.model -> " + str(data / "bpe.model") in resumed.stderr
+    assert_resumed_to_step_8(resumed, run)
+
+
+def assert_resumed_to_step_8(resumed, run: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr and "(step 4," in resumed.stderr
     assert "changes the result" not in resumed.stderr  # fingerprints and settings match the saved run

@@ -23,6 +23,7 @@ class CommandLine:
     allow_config_change: bool = False
     force_resume: bool = False
     reconfigure_scheduler: bool = False
+    data_roots: tuple[tuple[str, str], ...] = ()  # --data-root OLD=NEW, absolute (trainers/run/portable.py)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +60,9 @@ def _data_flags(data: argparse._ArgumentGroup, d: TrainConfig) -> None:
     data.add_argument("--config", help=f"IndexTTS2 config.yaml (gpt section) [{d.config}]")
     data.add_argument("--base-checkpoint", help="official gpt.pth (or a raw state dict) to start from")
     data.add_argument("--output-dir", help=f"run directory [{d.output_dir}]")
+    data.add_argument("--data-root", dest="data_roots", action="append", type=_data_root, metavar="OLD=NEW",
+                      help="resuming a run whose inputs moved: saved input paths that start with the folder OLD are "
+                           "looked for under NEW instead (checked against the run's fingerprints); repeatable")
 
 
 def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
@@ -108,6 +112,15 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
 
 
+def _data_root(text: str) -> tuple[str, str]:
+    from trainers.run.portable import parse_data_root  # torch-free
+
+    try:
+        return parse_data_root(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str) -> None:
     """A numeric flag: its form (whole number or not) is checked here, its range with the other settings
     (trainers/config/bounds.py), so a value from a saved run is held to the same range."""
@@ -153,6 +166,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     allow = ns.pop("allow_config_change", False)
     force = ns.pop("force_resume", False)
     reconfigure = ns.pop("reconfigure_scheduler", False)
+    data_roots = tuple(ns.pop("data_roots", ()))
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
@@ -160,7 +174,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
         if key in ns and ns[key] is not None:
             ns[key] = os.path.abspath(ns[key])
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
-                       reconfigure_scheduler=reconfigure)
+                       reconfigure_scheduler=reconfigure, data_roots=data_roots)
 
 
 def _absolute_spec(spec: str) -> str:

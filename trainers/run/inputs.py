@@ -71,7 +71,8 @@ def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
     ensure_demo_base(root, gpt)
 
 
-def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str) -> RunInputs:
+def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str,
+                read_base: bool = True) -> RunInputs:
     gpt = gpt_config(model_yaml, cfg, text_tokens)
     limits = DataLimits(gpt.max_text_tokens, gpt.max_mel_tokens)
     try:
@@ -88,15 +89,20 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     fingerprints = {
         "data": manifests_fingerprint(train_specs),
         "tokenizer": tokenizer_sha,
-        "model_config": dict_sha256({k: v for k, v in gpt.to_dict().items() if k != "dropout"}),
+        "model_config": model_config_fingerprint(gpt),
     }
-    base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint else None
+    base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint and read_base else None
     if base_state is not None:
         refuse_bad_values(base_state, Path(cfg.base_checkpoint))
         with torch.device("meta"):  # shapes only: the check costs no memory and writes nothing
             check_base_fits(Path(cfg.base_checkpoint), base_state, UnifiedVoiceGPT(gpt).state_dict(),
                             report_unknown=False)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train_samples, val_samples, fingerprints, base_state)
+
+
+def model_config_fingerprint(gpt: GPTConfig) -> str:
+    """The model config as it defines the run: every gpt setting but dropout (a setting of its own)."""
+    return dict_sha256({k: v for k, v in gpt.to_dict().items() if k != "dropout"})
 
 
 def tokenizer_sha256(path: str) -> str:

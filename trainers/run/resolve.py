@@ -28,6 +28,7 @@ from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
     DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
 )
+from trainers.run.portable import locate_inputs
 from trainers.run.run_dir import SavedRun, newest_checkpoint
 
 log = logging.getLogger("train")
@@ -61,13 +62,19 @@ class Resolution:
 
 def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str) -> Resolution:
     settings = merge_settings(cmd, saved, run_dir, machine)
+    located = locate_inputs(cmd.data_roots, cmd.given, settings, saved, run_dir)  # the run or its data moved
+    settings = located.settings
     model_yaml = read_model_yaml(settings.config)
     ensure_demo_inputs(settings, model_yaml)
     text_tokens = tokenizer_size(settings.tokenizer)
     if saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
         settings = _weights_only_start(cmd, settings, saved, text_tokens)
         saved = None
-    inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer))
+    # A resumed checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
+    inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer),
+                         read_base=not (saved and saved.checkpoint))
+    if saved:
+        located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
     if saved and saved.checkpoint:
         base_tokens = saved.checkpoint.base_text_tokens
     elif inputs.base_state is not None:
