@@ -48,6 +48,7 @@ def test_a_format_1_checkpoint_resumes_bit_identically(tmp_path):
                          "--config", str(data / "tiny.yaml"))
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming from" in resumed.stderr and "(step 4," in resumed.stderr
+    assert "not verified: written before checksums existed (format 1)" in resumed.stderr
     assert "changes the result" not in resumed.stderr  # fingerprints and settings match the saved run
     new, old = final_state(run), schema.read(FIXTURE / "model_step8.pth")
     assert new.step == old.step == 8 and (new.epoch, new.step_in_epoch) == (old.epoch, old.step_in_epoch)
