@@ -141,7 +141,8 @@ def test_fields_keep_types_apart_and_survive_a_round_trip(tmp_path):
     assert fields({"a": 1, "b": 2}) == fields({"b": 2, "a": 1})
     assert fields(float("nan")) == fields(float("nan"))
     content = {"format": "x", "model": {"w": torch.ones(2, 3), "b": torch.zeros(0)},
-               "optim": {"state": {0: {"exp_avg": torch.ones(3, 2).T, "step": torch.tensor(3.0)}}, "groups": [{"lr": 1e-3}]},
+               "optim": {"state": {0: {"exp_avg": torch.ones(3, 2).T, "step": torch.tensor(3.0)}},
+                         "groups": [{"lr": 1e-3}]},
                "rng": {"torch": torch.get_rng_state(), "python": [3, (1, 2), None]}}
     content["integrity"] = integrity.compute(content)
     torch.save(content, tmp_path / "x.pth")
