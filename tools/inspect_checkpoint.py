@@ -1,9 +1,15 @@
 """Describe a GPT checkpoint and, given its base gpt.pth, how far the base-vocabulary rows drifted.
 
     python tools/inspect_checkpoint.py runs/x/latest.pth [--base checkpoints/gpt.pth] [--json]
+    python tools/inspect_checkpoint.py runs/x/model_step4000.pth --verify [--json]
 
 Use it before resuming an old run: if the base rows of text_embedding/text_head differ from
 the base checkpoint, that run was not trained with frozen base vocabulary rows.
+
+A trainer checkpoint is described only if it matches the checksums written with it. --verify
+checks just that and says ok, corrupt (which tensor or field, or why the file cannot be read) or
+not verifiable (files of checkpoint formats 1 and 2 and official gpt.pth files carry no checksums);
+exit status 0 for ok and not verifiable, 1 for corrupt, 2 if the file is missing.
 
 The comparison with the base is in tools/base_drift.py.
 """
@@ -92,6 +98,7 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         "micro_batch": (c.micro_batch or None) if c else None,
         "hardware": c.machine if c and c.machine != "unknown" else None,
         "last_validation": last_validation(c.history) if c else None,
+        "integrity": c.integrity if c else "no checksums (not a trainer checkpoint)",
         "versions": (c.versions or None) if c else None,
     }
 
@@ -170,6 +177,7 @@ def trainer_lines(facts: dict[str, Any]) -> list[str]:
         lines.append(f"length: epochs {show(cfg['epochs'])}, max_steps {show(cfg['max_steps'])}; "
                      f"amp {show(cfg['amp'])} ({show(facts['amp_dtype'])})")
         lines.append(f"files: base_checkpoint {show(cfg['base_checkpoint'])}, tokenizer {show(cfg['tokenizer'])}")
+    lines.append(f"integrity: {facts['integrity']}")
     return lines
 
 
@@ -268,17 +276,77 @@ def inspect(path: Path, base_path: Path | None) -> dict[str, Any]:
     return facts
 
 
+# ---------------------------------------------------------------- --verify
+
+def verify(path: Path) -> dict[str, Any]:
+    """Whether `path` matches the checksums written with it: {"file", "format", "integrity", "problems"}.
+
+    "integrity" is "ok", "corrupt" or "not verifiable"; "problems" names what failed (each tensor
+    or field that differs, or why the file cannot be read), or why it cannot be verified.
+    """
+    result: dict[str, Any] = {"file": str(path), "format": None}
+    try:
+        obj = load_checkpoint(path)
+    except CheckpointError as exc:
+        if not path.is_file():
+            raise UserError(f"{path}: {exc.reason}") from None
+        return {**result, "integrity": "corrupt", "problems": [exc.reason]}
+    if not schema.is_trainer_checkpoint(obj):
+        return {**result, "integrity": "not verifiable",
+                "problems": ["not a checkpoint of this trainer (an official gpt.pth or a raw state dict): it carries "
+                             "no checksums"]}
+    result["format"] = obj["format"]
+    try:
+        ckpt = schema.parse(obj, path)
+    except schema.UnknownFormat as exc:
+        return {**result, "integrity": "not verifiable", "problems": [exc.reason]}
+    except schema.IntegrityError as exc:
+        return {**result, "integrity": "corrupt", "problems": exc.problems}
+    except CheckpointError as exc:  # loads and matches no checksums, but is not a complete checkpoint
+        return {**result, "integrity": "corrupt", "problems": [exc.reason]}
+    if not ckpt.verified:
+        return {**result, "integrity": "not verifiable",
+                "problems": [f"written before checksums existed (format {ckpt.format_version})"]}
+    return {**result, "integrity": "ok", "problems": []}
+
+
+def render_verify(result: dict[str, Any]) -> list[str]:
+    fmt = f" (format {result['format']})" if result["format"] else ""
+    lines = [f"file: {result['file']}{fmt}"]
+    if result["integrity"] == "ok":
+        return lines + ["integrity: ok (every tensor and field matches the checksums written with it)"]
+    if result["integrity"] == "not verifiable":
+        return lines + [f"integrity: not verifiable: {'; '.join(result['problems'])}"]
+    return lines + [f"integrity: CORRUPT ({len(result['problems'])} problem(s)); resume from an older "
+                    "model_step*.pth, or let --resume auto pick the newest intact one",
+                    *[f"  {p}" for p in result["problems"]]]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Describe a GPT checkpoint and, with --base, whether the base "
                                                  "vocabulary rows of its text embedding/head drifted.")
     parser.add_argument("checkpoint", type=Path, help="trainer checkpoint (e.g. runs/x/latest.pth) or a gpt.pth")
     parser.add_argument("--base", type=Path, help="base checkpoint the run started from (e.g. checkpoints/gpt.pth)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text lines")
-    return parser.parse_args(argv)
+    parser.add_argument("--verify", action="store_true",
+                        help="only check the file against the checksums written with it: ok / corrupt / not "
+                             "verifiable; exit status 1 if corrupt")
+    args = parser.parse_args(argv)
+    if args.verify and args.base:
+        parser.error("--verify checks one file; run it without --base")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.verify:
+        try:
+            result = verify(args.checkpoint)
+        except UserError as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
+        print(json.dumps(result, indent=2) if args.json else "\n".join(render_verify(result)))
+        return 1 if result["integrity"] == "corrupt" else 0
     try:
         facts = inspect(args.checkpoint, args.base)
     except UserError as exc:

@@ -8,6 +8,9 @@ Layout of a run directory:
   ``keep == 0`` it is a regular file written directly.
 * ``.model_step{N}.pth.tmp-{pid}`` / ``.latest.pth.tmp-{pid}`` -- temporaries
   of an in-progress save; a leftover one means that save was killed.
+* ``model_step{N}.pth.corrupt`` (``.corrupt-2``, ...) -- a checkpoint that
+  ``--resume auto`` found damaged and moved aside, its bytes kept
+  (trainers/checkpoint/recovery.py); resume, rotation and cleanup ignore it.
 
 Every file becomes visible under its final name only through ``os.replace``
 after its bytes were fsynced, so a process killed at any moment leaves either
@@ -206,7 +209,7 @@ class CheckpointManager:
             self._warn_if_newer_steps_exist(step)
             target = self.step_path(step)
             atomic_torch_save(state, target, step=step, on_event=self.on_event)
-            self._point_latest_at(target)
+            self.point_latest_at(target)
             _emit(self.on_event, "linked", step)
         self._rotate()
         return target
@@ -272,7 +275,7 @@ class CheckpointManager:
         # A regular file of its own (keep == 0); its step is unknown.
         return None
 
-    def _point_latest_at(self, target: Path) -> None:
+    def point_latest_at(self, target: Path) -> None:
         """Atomically make latest.pth refer to ``target`` without copying bytes."""
         latest = self.latest_path()
         link_tmp = _temp_path(latest)

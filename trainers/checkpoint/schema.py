@@ -3,7 +3,7 @@
 A checkpoint is a dict that `torch.load(weights_only=True)` reads (tensors, containers and
 primitives only), made of sections, each the `state_dict()` of the component that owns it:
 
-    format    "indextts2-gpt-trainer/2"
+    format    "indextts2-gpt-trainer/3"
     model     the IndexTTS2 state dict, trained and carried tensors: upstream inference loads
               the file as it is (it takes the "model" key as the state dict)
     optim     AdamW state, the parameter names/shapes it covers, LR schedule, loss scaler, frozen rows
@@ -12,10 +12,15 @@ primitives only), made of sections, each the `state_dict()` of the component tha
     rng       process RNG states
     run       what defines the run: identity, settings, model config, fingerprints, vocabulary, versions
     hardware  how the last steps ran: machine, micro-batch, AMP dtype (informational)
+    integrity checksums of everything above, written by `assemble` and checked by `parse`
+              (trainers/checkpoint/integrity.py): a flipped byte or an edited field is refused
 
 This module assembles and validates the sections and migrates older formats when reading;
 no other code indexes a checkpoint's keys. Readers that are not a section's owner (resume
 checks, tools, tests) use the typed accessors of `Checkpoint`.
+
+Formats: 1 kept every field at the top level; 2 introduced the sections; 3 is 2 plus the
+required integrity section. Files of formats 1 and 2 still load, marked as not verified.
 """
 from __future__ import annotations
 
@@ -25,11 +30,14 @@ from typing import Any, Mapping
 
 import torch
 
+from trainers.checkpoint import integrity
 from trainers.checkpoint.files import CheckpointError, load_checkpoint
 from trainers.config.settings import TrainConfig, saved_settings
 
 FORMAT_PREFIX = "indextts2-gpt-trainer/"
-VERSION = 2
+VERSION = 3
+FIRST_VERIFIED_VERSION = 3  # formats before it carry no checksums
+CHECKSUMS_VERIFIED = "checksums verified"
 FORMAT = f"{FORMAT_PREFIX}{VERSION}"
 
 _INT, _STR, _DICT, _LIST = (int,), (str,), (dict,), (list, tuple)
@@ -51,41 +59,71 @@ class SchemaError(CheckpointError):
     """A file that loads but is not a complete checkpoint of this trainer."""
 
 
+class UnknownFormat(SchemaError):
+    """A checkpoint of a format newer than this trainer reads: not damaged, so never replaced by an older one."""
+
+
+class IntegrityError(SchemaError):
+    """A checkpoint whose content differs from the checksums written with it: the file is corrupt."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(path, f"corrupt: its content does not match the checksums written with it "
+                               f"({integrity.summary(self.problems)})")
+
+
 def is_trainer_checkpoint(obj: object) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("format"), str) and obj["format"].startswith(FORMAT_PREFIX)
 
 
 def assemble(sections: Mapping[str, Any]) -> dict[str, Any]:
-    """The file contents for the components' state dicts; raises ValueError if one is malformed."""
+    """The file contents for the components' state dicts, with their checksums; ValueError if one is malformed."""
     problems = _problems(sections)
     if problems:
         raise ValueError("checkpoint sections are malformed: " + "; ".join(problems))
-    return {"format": FORMAT, **{name: sections[name] for name in SECTIONS}}
+    content = {"format": FORMAT, **{name: sections[name] for name in SECTIONS}}
+    content[integrity.RECORD_KEY] = integrity.compute(content)
+    return content
 
 
-def parse(obj: Any, path: Path) -> "Checkpoint":
-    """Validate a loaded file (migrating older formats) into a `Checkpoint`."""
+def parse(obj: Any, path: Path, verify: bool = True) -> "Checkpoint":
+    """Validate a loaded file (migrating older formats) into a `Checkpoint`.
+
+    With `verify`, a file of format 3 or later must match the checksums written with it
+    (IntegrityError names each tensor or field that does not); formats 1 and 2 have none and load
+    marked "not verified". Without it the checksums are not computed (metadata readers).
+    """
     if not is_trainer_checkpoint(obj):
         found = obj.get("format") if isinstance(obj, dict) else None
         raise SchemaError(path, f"not a checkpoint written by this trainer (format {found!r}); to start from an "
                                 "official gpt.pth use --base-checkpoint instead of --resume")
     version = obj["format"][len(FORMAT_PREFIX):]
-    if version == "1":
-        sections = _from_format_1(obj, path)
-    elif version == str(VERSION):
-        sections = {name: obj.get(name) for name in SECTIONS}
+    if version not in {str(v) for v in range(1, VERSION + 1)}:
+        raise UnknownFormat(path, f"written in checkpoint format {obj['format']!r}, which this version of the trainer "
+                                  f"does not know (it reads formats 1..{VERSION}); update the trainer")
+    if int(version) < FIRST_VERIFIED_VERSION:
+        checked = f"checksums not verified: written before checksums existed (format {version})"
+    elif verify:
+        found = integrity.problems(obj, obj.get(integrity.RECORD_KEY))
+        if found:
+            raise IntegrityError(path, found)
+        checked = CHECKSUMS_VERIFIED
     else:
-        raise SchemaError(path, f"written in checkpoint format {obj['format']!r}, which this version of the trainer "
-                                f"does not know (it reads formats 1..{VERSION}); update the trainer")
+        checked = "checksums not checked"
+    sections = _from_format_1(obj, path) if version == "1" else {name: obj.get(name) for name in SECTIONS}
     problems = _problems(sections)
     if problems:
         raise SchemaError(path, "incomplete or malformed checkpoint: " + "; ".join(problems))
-    return Checkpoint(sections, path, int(version))
+    return Checkpoint(sections, path, int(version), checked)
 
 
-def read(path: Path, mmap: bool = False) -> "Checkpoint":
-    """Read and validate a checkpoint file; `mmap` maps tensors instead of reading them (metadata readers)."""
-    return parse(load_checkpoint(path, mmap=mmap), Path(path))
+def read(path: Path, mmap: bool = False, verify: bool | None = None) -> "Checkpoint":
+    """Read and validate a checkpoint file, checking its checksums (see `parse`).
+
+    `mmap` maps tensors instead of reading them, for readers that need only the metadata; they
+    skip the checksums by default, since computing them reads every tensor.
+    """
+    return parse(load_checkpoint(path, mmap=mmap), Path(path), verify=not mmap if verify is None else verify)
 
 
 def _problems(sections: Mapping[str, Any]) -> list[str]:
@@ -150,6 +188,13 @@ class Checkpoint:
     sections: Mapping[str, Any]
     path: Path | None = None
     format_version: int = VERSION
+    # CHECKSUMS_VERIFIED, "checksums not checked" (read without verifying), or "checksums not verified: written
+    # before checksums existed (format N)"
+    integrity: str = "checksums not checked"
+
+    @property
+    def verified(self) -> bool:
+        return self.integrity == CHECKSUMS_VERIFIED
 
     def section(self, name: str) -> Any:
         """A component's own state dict, for its load_state_dict()."""
@@ -162,7 +207,7 @@ class Checkpoint:
         """A copy with fields of one section replaced (tests and benchmarks that craft checkpoints)."""
         changed = dict(self.sections)
         changed[section] = {**self.sections[section], **values}
-        return parse(assemble(changed), self.path or Path("<edited>"))
+        return parse(assemble(changed), self.path or Path("<edited>"), verify=False)
 
     # -- typed accessors --
     @property

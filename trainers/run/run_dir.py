@@ -22,6 +22,7 @@ import yaml
 
 from trainers.checkpoint import schema
 from trainers.checkpoint.files import CheckpointError, CheckpointManager
+from trainers.checkpoint.recovery import newest_intact
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
@@ -75,11 +76,16 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 def read_saved_run(run_dir: Path, checkpoint: Path | None, resume: str | None) -> SavedRun | None:
     if checkpoint is not None:
         try:
-            ckpt = schema.read(checkpoint)
+            if resume == "auto":  # past damaged checkpoints to the newest intact one, moving them aside
+                found = newest_intact(run_dir, checkpoint)
+                assert found is not None
+                ckpt, checkpoint = found.checkpoint, found.path
+            else:  # the file the user named: a damaged one is refused
+                ckpt = schema.read(checkpoint)
         except CheckpointError as exc:
             raise UserError(str(exc)) from None
-        log.info("resuming from %s (step %d, epoch %d, step %d of that epoch)", checkpoint, ckpt.step, ckpt.epoch,
-                 ckpt.step_in_epoch)
+        log.info("resuming from %s (step %d, epoch %d, step %d of that epoch; %s)", checkpoint, ckpt.step, ckpt.epoch,
+                 ckpt.step_in_epoch, ckpt.integrity)
         return SavedRun(saved_settings(ckpt.settings), ckpt.machine, ckpt.run_id, ckpt, checkpoint)
     if resume == "auto":
         return _unsaved_run(run_dir)

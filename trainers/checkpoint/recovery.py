@@ -1,0 +1,162 @@
+"""`--resume auto` past damaged checkpoints: the newest intact one, the damaged ones moved aside, never deleted.
+
+A checkpoint that cannot be read, is truncated, or fails its checksums (trainers/checkpoint/integrity.py)
+must not block a run that still has an intact older checkpoint, nor be silently resumed. The
+candidates, newest first, are the file `CheckpointManager.find_resume` picks, then every other
+`model_step{N}.pth` by step, then `latest.pth` if it is a file of its own (keep 0). Each file is
+read once, however many names it has: `latest.pth` is normally a hard link to the newest step file,
+so when one of them is damaged both are.
+
+When an intact one is found, each damaged file is renamed `NAME.corrupt` (`NAME.corrupt-2`, ... if
+taken) in the run directory, its bytes kept, so that resume and rotation no longer see it; a
+`latest.pth` that referred to damaged data is pointed at the intact file (the data stays under the
+step file's new name; a `latest.pth` that was the only name of its data is renamed aside too).
+When none is intact nothing is renamed (the run directory is left exactly as it was) and the
+resume stops, listing every file tried and why it failed.
+
+This only reads files and renames them: it runs before any model is built. A checkpoint written in
+a format newer than this trainer reads is not damaged: the resume stops instead of falling back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainers.checkpoint import schema
+from trainers.checkpoint.files import CheckpointError, CheckpointManager, _fsync_dir
+from trainers.errors import UserError
+
+log = logging.getLogger("train")
+
+ASIDE_SUFFIX = ".corrupt"
+
+
+class NoIntactCheckpoint(UserError):
+    """Every checkpoint of the run directory is damaged (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Damaged:
+    path: Path
+    reason: str
+    moved_to: list[Path] = field(default_factory=list)  # the new names of its data's names in the run directory
+
+
+@dataclass(frozen=True)
+class Found:
+    checkpoint: schema.Checkpoint
+    path: Path
+    damaged: list[Damaged]
+
+
+def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
+    """The newest checkpoint of `run_dir` that reads and verifies (None: the run has none).
+
+    `first` is the file `find_resume` chose, when the caller already asked. Damaged files newer than
+    the one returned are renamed aside, each with a WARNING saying which and why.
+    """
+    manager = CheckpointManager(run_dir, keep=0)
+    first = first or manager.find_resume()
+    if first is None:
+        return None
+    tried: list[tuple[Path, str]] = []
+    for path in _candidates(manager, Path(first)):
+        try:
+            ckpt = schema.read(path)
+        except schema.UnknownFormat:
+            raise
+        except CheckpointError as exc:
+            log.warning("checkpoint %s in %s is damaged and cannot be resumed: %s", _described(manager, path),
+                        manager.run_dir, exc.reason)
+            tried.append((path, exc.reason))
+            continue
+        damaged = _set_aside(manager, tried, path)
+        if damaged:
+            log.warning("--resume auto: resuming from %s, the newest intact checkpoint, instead of the damaged %s; "
+                        "the steps after it are trained again (with the same result)", path.name,
+                        ", ".join(d.path.name for d in damaged))
+        return Found(ckpt, path, damaged)
+    lines = [f"--resume auto: no intact checkpoint in {run_dir}; tried, newest first:",
+             *[f"  {_described(manager, p)}: {reason}" for p, reason in tried],
+             "Nothing was renamed or deleted. Put an intact copy (from a backup) into the run directory, pass "
+             "--resume PATH of one, or start a new run with another --output-dir"]
+    raise NoIntactCheckpoint("\n".join(lines))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file behind a name (following a symlink), or None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
+    steps = [path for _, path in reversed(manager.step_files())]
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for path in [first, *steps, manager.latest_path()]:
+        ident = _identity(path)
+        if ident is not None and ident not in seen:
+            seen.add(ident)
+            out.append(path)
+    return out
+
+
+def _described(manager: CheckpointManager, path: Path) -> str:
+    """`latest.pth (= model_step40.pth)` for a name shared with a step file, else the name."""
+    twins = [p.name for p in _names_of(manager, _identity(path)) if p != path]
+    return f"{path.name} (= {', '.join(twins)})" if twins else path.name
+
+
+def _names_of(manager: CheckpointManager, ident: tuple[int, int] | None) -> list[Path]:
+    """The step files and latest.pth in the run directory that name the file `ident`."""
+    names = [path for _, path in manager.step_files()] + [manager.latest_path()]
+    return [p for p in names if ident is not None and _identity(p) == ident]
+
+
+def _set_aside(manager: CheckpointManager, tried: list[tuple[Path, str]], intact: Path) -> list[Damaged]:
+    if not tried:
+        return []
+    # Every name is resolved before anything is renamed or relinked.
+    latest = manager.latest_path()
+    latest_ident = _identity(latest)
+    plan = []
+    for path, reason in tried:
+        ident = _identity(path)
+        steps = [p for p in _names_of(manager, ident) if p != latest]
+        plan.append((path, reason, ident, steps))
+    latest_is_bad = latest_ident is not None and any(ident == latest_ident for _, _, ident, _ in plan)
+    # A latest.pth that is the only name of its data is moved aside like a step file; one that is a second
+    # name (hard link) or a symlink is pointed at the intact file, the data staying under its step file's name.
+    latest_alone = latest_is_bad and not latest.is_symlink() and os.stat(latest).st_nlink == 1
+    damaged = []
+    try:
+        moved_latest = _move_aside(latest) if latest_alone else None
+        if latest_is_bad:
+            manager.point_latest_at(intact)
+            log.warning("%s now refers to %s", latest.name, intact.name)
+        for path, reason, ident, steps in plan:
+            moved = [_move_aside(p) for p in steps]
+            if moved_latest is not None and ident == latest_ident:
+                moved.append(moved_latest)
+            damaged.append(Damaged(path, reason, moved))
+    except OSError as err:
+        raise UserError(f"could not move a damaged checkpoint in {manager.run_dir} aside ({err}); move the "
+                        "checkpoints named above out of the run directory yourself, then resume again") from None
+    _fsync_dir(manager.run_dir)
+    return damaged
+
+
+def _move_aside(path: Path) -> Path:
+    target, n = path.with_name(path.name + ASIDE_SUFFIX), 1
+    while os.path.lexists(target):
+        n += 1
+        target = path.with_name(f"{path.name}{ASIDE_SUFFIX}-{n}")
+    os.rename(path, target)
+    log.warning("renamed the damaged %s to %s: its bytes are kept, and resume and rotation no longer see it; "
+                "delete it once you no longer need it", path.name, target.name)
+    return target
