@@ -23,7 +23,8 @@ from tests.demo_runs import final_state, train_here
 from tools.inspect_checkpoint import main as inspect_main
 from trainers.checkpoint import integrity, schema
 from trainers.checkpoint.files import CheckpointError, CheckpointManager
-from trainers.checkpoint.recovery import NoIntactCheckpoint, newest_intact
+from trainers.checkpoint.recovery import NoIntactCheckpoint, newest_intact, set_aside
+from trainers.run.lock import LOCK_NAME
 
 STEPS = 16
 FLAGS = ["--max-steps", str(STEPS), "--save-interval", "4", "--val-interval", "0", "--max-val-batches", "1",
@@ -225,7 +226,15 @@ def test_formats_without_checksums_load_marked_not_verified(partial, tmp_path):
 # ---------------------------------------------------------------- falling back
 
 def listing(run: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+    """The run directory's files and bytes, but for the lock file (it names whoever last held the directory)."""
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file() and p.name != LOCK_NAME}
+
+
+def fall_back(run: Path):
+    """What --resume auto does: find the newest intact checkpoint, then (run locked) set the damaged aside."""
+    found = newest_intact(run)
+    assert found is not None
+    return found, set_aside(run, found.damaged, found.path)
 
 
 def test_a_corrupt_latest_and_its_step_twin_fall_back_to_the_previous_step(partial, tmp_path, caplog):
@@ -233,11 +242,11 @@ def test_a_corrupt_latest_and_its_step_twin_fall_back_to_the_previous_step(parti
     key = flip_model_byte(run / "latest.pth")  # through the link: model_step12.pth is damaged too
     damaged = (run / "model_step12.pth").read_bytes()
     with caplog.at_level(logging.WARNING, logger="train"):
-        found = newest_intact(run)
-    assert found is not None and found.path == run / "model_step8.pth" and found.checkpoint.step == 8
+        found, moved = fall_back(run)
+    assert found.path == run / "model_step8.pth" and found.checkpoint.step == 8
     assert "latest.pth (= model_step12.pth)" in caplog.text and f"tensor model/{key} differs" in caplog.text
     assert (run / "model_step12.pth.corrupt").read_bytes() == damaged  # kept, byte for byte
-    assert found.damaged[0].moved_to == [run / "model_step12.pth.corrupt"]
+    assert moved[0].moved_to == [run / "model_step12.pth.corrupt"]
     mgr = CheckpointManager(run, keep=3)
     assert os.path.samefile(run / "latest.pth", run / "model_step8.pth")  # never left pointing at bad data
     assert [s for s, _ in mgr.step_files()] == [4, 8]
@@ -252,8 +261,8 @@ def test_a_corrupt_step_file_newer_than_latest_no_longer_blocks_the_resume(parti
     run = copy_run(partial, tmp_path / "run")
     CheckpointManager(run, keep=3).point_latest_at(run / "model_step8.pth")
     truncate(run / "model_step12.pth")
-    found = newest_intact(run)
-    assert found is not None and found.checkpoint.step == 8 and found.path == run / "model_step8.pth"
+    found, _ = fall_back(run)
+    assert found.checkpoint.step == 8 and found.path == run / "model_step8.pth"
     assert (run / "model_step12.pth.corrupt").exists() and not (run / "model_step12.pth").exists()
     assert os.path.samefile(run / "latest.pth", run / "model_step8.pth")
 
@@ -263,8 +272,8 @@ def test_a_damaged_latest_that_is_a_file_of_its_own_is_moved_aside_too(partial, 
     (run / "model_step12.pth").unlink()  # latest.pth is now the only name of step 12
     edit_step_keeping_checksums(run / "latest.pth", 13)
     damaged = (run / "latest.pth").read_bytes()
-    found = newest_intact(run)
-    assert found is not None and found.path == run / "model_step8.pth"
+    found, _ = fall_back(run)
+    assert found.path == run / "model_step8.pth"
     assert (run / "latest.pth.corrupt").read_bytes() == damaged
     assert os.path.samefile(run / "latest.pth", run / "model_step8.pth")
 
@@ -273,8 +282,8 @@ def test_an_earlier_set_aside_file_is_never_overwritten(partial, tmp_path):
     run = copy_run(partial, tmp_path / "run")
     (run / "model_step12.pth.corrupt").write_bytes(b"from an earlier fallback")
     truncate(run / "model_step12.pth")
-    found = newest_intact(run)
-    assert found is not None and found.checkpoint.step == 8
+    found, _ = fall_back(run)
+    assert found.checkpoint.step == 8
     assert (run / "model_step12.pth.corrupt").read_bytes() == b"from an earlier fallback"
     assert (run / "model_step12.pth.corrupt-2").exists()
 
@@ -327,6 +336,9 @@ def assert_same_training(a: Path, b: Path) -> None:
 def test_resume_auto_falls_back_past_a_corrupt_newest_and_ends_bit_identical(reference, partial, tmp_path):
     run = copy_run(partial, tmp_path / "run")
     key = flip_model_byte(run / "latest.pth")
+    before = listing(run)
+    refused = train_here(run, "--resume", "auto", "--max-steps", str(STEPS), "--seed", "9")  # refused later on
+    assert refused.returncode == 2 and listing(run) == before  # so the damaged file was not moved yet
     resumed = train_here(run, "--resume", "auto", "--max-steps", str(STEPS))
     assert resumed.returncode == 0, resumed.stderr
     warnings = [line for line in resumed.stderr.splitlines() if " WARNING " in line]

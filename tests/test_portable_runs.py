@@ -228,7 +228,7 @@ def test_a_run_without_a_checkpoint_needs_its_base_checkpoint_and_pack_copies_it
     assert f"--base-checkpoint {old_data / 'base_gpt.pth'}" in refused.stderr  # needed to start at step 0
 
     assert pack_main([str(run), "--data-root", f"{old_data}={new_data}"]) == 0
-    assert f"-> inputs/base_gpt.pth" in capsys.readouterr().out
+    assert "-> inputs/base_gpt.pth" in capsys.readouterr().out
     for name in ("bpe.model", "demo.yaml", "base_gpt.pth"):
         (new_data / name).unlink()
     resumed = train_here(run, "--resume", "auto", "--data-root", f"{old_data}={new_data}")

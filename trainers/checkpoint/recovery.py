@@ -14,8 +14,10 @@ step file's new name; a `latest.pth` that was the only name of its data is renam
 When none is intact nothing is renamed (the run directory is left exactly as it was) and the
 resume stops, listing every file tried and why it failed.
 
-This only reads files and renames them: it runs before any model is built. A checkpoint written in
-a format newer than this trainer reads is not damaged: the resume stops instead of falling back.
+Finding the checkpoint only reads files (it runs before any model is built and before the run
+directory is locked); moving the damaged ones aside (`set_aside`) waits for the lock, so a resume that
+is refused later, or a second trainer, changes nothing. A checkpoint written in a format newer than
+this trainer reads is not damaged: the resume stops instead of falling back.
 """
 from __future__ import annotations
 
@@ -48,14 +50,14 @@ class Damaged:
 class Found:
     checkpoint: schema.Checkpoint
     path: Path
-    damaged: list[Damaged]
+    damaged: list[tuple[Path, str]]  # newer files that failed, and why: for set_aside()
 
 
 def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
     """The newest checkpoint of `run_dir` that reads and verifies (None: the run has none).
 
-    `first` is the file `find_resume` chose, when the caller already asked. Damaged files newer than
-    the one returned are renamed aside, each with a WARNING saying which and why.
+    `first` is the file `find_resume` chose, when the caller already asked. Each damaged file newer
+    than the one returned gets a WARNING saying which and why; nothing is renamed here.
     """
     manager = CheckpointManager(run_dir, keep=0)
     first = first or manager.find_resume()
@@ -72,12 +74,11 @@ def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
                         manager.run_dir, exc.reason)
             tried.append((path, exc.reason))
             continue
-        damaged = _set_aside(manager, tried, path)
-        if damaged:
+        if tried:
             log.warning("--resume auto: resuming from %s, the newest intact checkpoint, instead of the damaged %s; "
                         "the steps after it are trained again (with the same result)", path.name,
-                        ", ".join(d.path.name for d in damaged))
-        return Found(ckpt, path, damaged)
+                        ", ".join(p.name for p, _ in tried))
+        return Found(ckpt, path, tried)
     lines = [f"--resume auto: no intact checkpoint in {run_dir}; tried, newest first:",
              *[f"  {_described(manager, p)}: {reason}" for p, reason in tried],
              "Nothing was renamed or deleted. Put an intact copy (from a backup) into the run directory, pass "
@@ -118,9 +119,11 @@ def _names_of(manager: CheckpointManager, ident: tuple[int, int] | None) -> list
     return [p for p in names if ident is not None and _identity(p) == ident]
 
 
-def _set_aside(manager: CheckpointManager, tried: list[tuple[Path, str]], intact: Path) -> list[Damaged]:
-    if not tried:
+def set_aside(run_dir: Path, damaged: list[tuple[Path, str]], intact: Path) -> list[Damaged]:
+    """Rename the damaged files `newest_intact` found and point latest.pth at `intact`. Hold the run's lock."""
+    if not damaged:
         return []
+    manager, tried = CheckpointManager(run_dir, keep=0), damaged
     # Every name is resolved before anything is renamed or relinked.
     latest = manager.latest_path()
     latest_ident = _identity(latest)

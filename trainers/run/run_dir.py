@@ -44,6 +44,7 @@ class SavedRun:
     run_id: str = ""  # "" for runs written before runs had an identity
     checkpoint: schema.Checkpoint | None = None
     path: Path | None = None
+    damaged: tuple[tuple[Path, str], ...] = ()  # newer checkpoints that failed: set aside once the run is locked
 
 
 def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
@@ -76,17 +77,18 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 def read_saved_run(run_dir: Path, checkpoint: Path | None, resume: str | None) -> SavedRun | None:
     if checkpoint is not None:
         try:
-            if resume == "auto":  # past damaged checkpoints to the newest intact one, moving them aside
+            damaged: tuple[tuple[Path, str], ...] = ()
+            if resume == "auto":  # past damaged checkpoints to the newest intact one
                 found = newest_intact(run_dir, checkpoint)
                 assert found is not None
-                ckpt, checkpoint = found.checkpoint, found.path
+                ckpt, checkpoint, damaged = found.checkpoint, found.path, tuple(found.damaged)
             else:  # the file the user named: a damaged one is refused
                 ckpt = schema.read(checkpoint)
         except CheckpointError as exc:
             raise UserError(str(exc)) from None
         log.info("resuming from %s (step %d, epoch %d, step %d of that epoch; %s)", checkpoint, ckpt.step, ckpt.epoch,
                  ckpt.step_in_epoch, ckpt.integrity)
-        return SavedRun(saved_settings(ckpt.settings), ckpt.machine, ckpt.run_id, ckpt, checkpoint)
+        return SavedRun(saved_settings(ckpt.settings), ckpt.machine, ckpt.run_id, ckpt, checkpoint, damaged)
     if resume == "auto":
         return _unsaved_run(run_dir)
     return None

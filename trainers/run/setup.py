@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.recovery import set_aside
 from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
 from trainers.data.train_data import TrainData
@@ -92,6 +93,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     saved_schedule = LRSchedule.from_state_dict(ckpt.lr_schedule) if ckpt else None
     schedule = plan_schedule(cfg, saved_schedule, progress.step, total, cmd)
 
+    if resume and resume.damaged:  # every refusal is behind us: move damaged newer checkpoints aside
+        set_aside(run_dir, list(resume.damaged), resume.path)
     same_device = cfg.train.device in ("auto", cmd.given.get("device"))
     hardware = machine if same_device else detect_hardware(pick_device(cfg.train.device))
     if cfg.train.deterministic:
