@@ -274,12 +274,21 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
             bad = sorted(k for k, v in means.items() if not math.isfinite(v))
             if bad:
                 raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
+            keep_if_best(run, means)
             return means
         release_memory(run.hw.device)
         run.hw.halve_val_batch(error)
         log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
                     "start there", error, run.hw.val_batch, run.hw.val_batch)
         tlog.scalar("hardware/val_batch", run.hw.val_batch, run.progress.step)
+
+
+def keep_if_best(run: Run, means: dict[str, float]) -> None:
+    """best.pth: the checkpoint of the best validation so far (compared across resumes too)."""
+    metric, progress = run.cfg.train.best_metric, run.progress
+    if progress.improves(metric, means):
+        progress.best = {"metric": metric, "value": means[metric], "step": progress.step}
+        run.checkpoints.save_best(progress.step, metric, means[metric])
 
 
 @torch.no_grad()

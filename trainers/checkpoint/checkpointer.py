@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from trainers.checkpoint import schema
 from trainers.checkpoint.files import CheckpointEvent, CheckpointManager, os_error_in_chain
@@ -37,13 +37,24 @@ class Checkpointer:
         A checkpoint with a non-finite weight or optimizer value is never written (TrainingDiverged):
         it would replace, and rotation would then delete, the good ones before it.
         """
+        path = self._write(step, lambda state: self.files.save(state, step))
+        log.info("saved checkpoint %s (step %d)", path, step)
+        return path
+
+    def save_best(self, step: int, metric: str, value: float) -> Path:
+        """Replace best.pth with the checkpoint of `step`, whose validation is the best so far."""
+        path = self._write(step, lambda state: self.files.save_best(state, step))
+        log.info("saved %s: the best validation so far (step %d, %s %.4f)", path.name, step, metric, value)
+        return path
+
+    def _write(self, step: int, write: Callable[[dict], Path]) -> Path:
         for name, component in self.components.items():
             bad = component.non_finite() if hasattr(component, "non_finite") else None
             if bad:
                 raise TrainingDiverged(f"{name} tensor {bad} holds non-finite values, so step {step} is not saved")
         state = schema.assemble({name: c.state_dict() for name, c in self.components.items()})
         try:
-            path = self.files.save(state, step)
+            return write(state)
         except (OSError, RuntimeError) as exc:  # torch's writer reports a failed write as a RuntimeError
             cause = os_error_in_chain(exc)
             if cause is None:
@@ -52,8 +63,6 @@ class Checkpointer:
                 f"could not write the checkpoint of step {step} in {self.run_dir}: {cause}. The previous checkpoint "
                 f"({self.newest_name()}) is intact; free disk space or fix permissions, then continue with "
                 f"--resume auto --output-dir {self.run_dir}") from None
-        log.info("saved checkpoint %s (step %d)", path, step)
-        return path
 
     def newest_name(self) -> str:
         """The newest complete checkpoint, by its step file's name where there is one, for messages."""

@@ -32,13 +32,14 @@ import torch
 logger = logging.getLogger(__name__)
 
 LATEST_NAME = "latest.pth"
+BEST_NAME = "best.pth"  # the checkpoint of the best validation so far: never rotated, never resumed by "auto"
 
 # (event, step). Events, in order: "tmp_written", "renamed", "linked".
 CheckpointEvent = Callable[[str, int], None]
 
 # Strict: no leading zeros, so "model_step01.pth" cannot alias step 1.
 _STEP_FILE_RE = re.compile(r"^model_step(0|[1-9][0-9]*)\.pth$")
-_TEMP_FILE_RE = re.compile(r"^\.(?:model_step(?:0|[1-9][0-9]*)|latest)\.pth\.tmp-[0-9]+$")
+_TEMP_FILE_RE = re.compile(r"^\.(?:model_step(?:0|[1-9][0-9]*)|latest|best)\.pth\.tmp-[0-9]+$")
 
 
 class CheckpointError(RuntimeError):
@@ -177,6 +178,15 @@ class CheckpointManager:
 
     def latest_path(self) -> Path:
         return self.run_dir / LATEST_NAME
+
+    def best_path(self) -> Path:
+        return self.run_dir / BEST_NAME
+
+    def save_best(self, state: dict, step: int) -> Path:
+        """Replace best.pth with `state` (same atomic, durable protocol; outside rotation)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(state, self.best_path(), step=step, on_event=self.on_event)
+        return self.best_path()
 
     def step_path(self, step: int) -> Path:
         return self.run_dir / f"model_step{step}.pth"

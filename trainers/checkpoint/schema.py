@@ -235,6 +235,11 @@ class Checkpoint:
         return int(self.sections["progress"]["samples_seen"])
 
     @property
+    def best(self) -> dict[str, Any] | None:
+        """The best validation when this was written: {"metric", "value", "step"} (None before best.pth existed)."""
+        return self.sections["progress"].get("best")
+
+    @property
     def history(self) -> list[dict[str, Any]]:
         return list(self.sections["progress"]["history"])
 

@@ -37,9 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     _optimisation_flags(p.add_argument_group("optimisation"), d)
     _run_time_flags(p.add_argument_group("run time"), d)
     rs = p.add_argument_group("resume")
-    rs.add_argument("--resume", metavar="auto|PATH",
-                    help="auto: continue OUTPUT_DIR's newest checkpoint if there is one, else start fresh; "
-                         "PATH: continue that checkpoint")
+    rs.add_argument("--resume", metavar="auto|best|PATH",
+                    help="auto: continue OUTPUT_DIR's newest intact checkpoint if there is one, else start fresh; "
+                         "best: continue OUTPUT_DIR/best.pth (if nothing newer was trained after it); PATH: continue "
+                         "that checkpoint (from another directory: a branch of that run, started in OUTPUT_DIR)")
     rs.add_argument("--allow-config-change", action="store_true",
                     help="resume although settings that change the result differ from the saved run")
     rs.add_argument("--force-resume", action="store_true",
@@ -108,6 +109,8 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(rt, "--save-interval", d.save_interval, "save a checkpoint every N optimizer steps")
     _num(rt, "--keep-checkpoints", d.keep_checkpoints, "model_step files to keep (0: only latest.pth)")
     _num(rt, "--log-interval", d.log_interval, "log a line every N optimizer steps")
+    rt.add_argument("--best-metric", choices=("mel_loss", "text_loss", "mel_top1"),
+                    help=f"validation metric whose best value is kept as OUTPUT_DIR/best.pth [{d.best_metric}]")
     rt.add_argument("--log-sample-ids", action="store_true",
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
 

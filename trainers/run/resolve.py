@@ -29,7 +29,7 @@ from trainers.run.inputs import (
     DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
 )
 from trainers.run.portable import locate_inputs
-from trainers.run.run_dir import SavedRun, newest_checkpoint
+from trainers.run.run_dir import SavedRun, newest_checkpoint, run_identity
 
 log = logging.getLogger("train")
 
@@ -58,6 +58,7 @@ class Resolution:
     cfg: RunConfig
     inputs: RunInputs
     resume: SavedRun | None  # the run whose training state continues (None: step 0)
+    branch_of: str | None = None  # a checkpoint of another directory continued here: which run, from where
 
 
 def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str) -> Resolution:
@@ -86,9 +87,21 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, len(inputs.train_samples)))
     check_horizon(train, len(inputs.train_samples))
-    run_id = (saved.run_id if saved else "") or new_run_id()
+    branch_of = _branch_of(saved, run_dir)
+    run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
-                      inputs, saved)
+                      inputs, saved, branch_of)
+
+
+def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
+    """A checkpoint from another directory continued in an empty one starts a branch: a run of its own."""
+    if not (saved and saved.checkpoint and saved.path) or saved.path.resolve().parent == run_dir.resolve():
+        return None
+    if run_identity(run_dir) is not None:
+        return None  # the same run (checked before): it simply continues here
+    origin = f"run {saved.run_id or '(no identity)'} at step {saved.checkpoint.step} ({saved.path})"
+    log.info("starting a branch of %s in %s; that run is left as it is", origin, run_dir)
+    return f"branched from {origin}"
 
 
 def new_run_id() -> str:

@@ -50,6 +50,8 @@ class SavedRun:
 def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
     """The run directory and the checkpoint to resume (None: start fresh)."""
     given_dir = cmd.given.get("output_dir")
+    if cmd.resume == "best":
+        return _best_of(Path(given_dir or os.path.abspath(TrainConfig.output_dir)))
     if cmd.resume not in (None, "auto"):
         path = Path(cmd.resume)
         if not path.is_file():
@@ -68,6 +70,27 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
             "or choose another --output-dir (nothing was changed)"
         )
     return run_dir, None
+
+
+def _best_of(run_dir: Path) -> tuple[Path, Path]:
+    """`--resume best`: continue from best.pth, if that does not leave a newer branch of the run behind it."""
+    manager = CheckpointManager(run_dir, keep=0)
+    best = manager.best_path()
+    if not best.is_file():
+        raise UserError(f"--resume best: {run_dir} has no {best.name} (it is written at each validation that beats "
+                        "the ones before; pass --val-manifest to validate); use --resume auto")
+    newest = manager.find_resume()
+    try:
+        best_step = schema.read(best, mmap=True).step
+        newest_step = schema.read(newest, mmap=True).step if newest else best_step
+    except CheckpointError as exc:
+        raise UserError(str(exc)) from None
+    if newest_step > best_step:
+        raise UserError(f"--resume best: {best.name} is step {best_step} but {run_dir} already holds step "
+                        f"{newest_step}; continuing from it here would put a second branch of the run into this "
+                        f"directory. Start the branch in a new one: --resume {best} --output-dir NEW_DIR (this run is "
+                        "left as it is), or continue the run with --resume auto")
+    return run_dir, best
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:

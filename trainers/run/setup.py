@@ -108,7 +108,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     if ckpt:
         restore(components, ckpt, resume.path, cmd)
     optim.schedule = schedule
-    progress.record_start(resume.path if ckpt else None, machine.cache_key(), changes)
+    progress.record_start(resume.path if ckpt else None, machine.cache_key(),
+                          [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
     write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
                       cfg.vocab.extended, cfg.train.tokenizer)

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 
+HIGHER_IS_BETTER = {"mel_top1"}  # every other --best-metric is a loss
+
+
 @dataclass
 class TrainingProgress:
     step: int = 0  # optimizer steps done
@@ -15,6 +18,15 @@ class TrainingProgress:
     # log interval), "val" (a validation), "start" / "resume" (an invocation began: when, where, from
     # which checkpoint, which settings differ from the saved run).
     history: list[dict[str, Any]] = field(default_factory=list)
+    # The best validation so far, whose checkpoint is best.pth: {"metric", "value", "step"}.
+    best: dict[str, Any] | None = None
+
+    def improves(self, metric: str, means: dict[str, float]) -> bool:
+        """Whether this validation beats the best one (a best of another metric is compared no more)."""
+        if self.best is None or self.best["metric"] != metric:
+            return True
+        value = means[metric]
+        return value > self.best["value"] if metric in HIGHER_IS_BETTER else value < self.best["value"]
 
     def record_start(self, resumed_from: Path | None, machine: str, changes: list[str]) -> None:
         self.history.append({"kind": "resume" if resumed_from else "start", "step": self.step,
@@ -26,9 +38,11 @@ class TrainingProgress:
         self.samples_seen += samples
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "samples_seen": self.samples_seen, "history": list(self.history)}
+        return {"step": self.step, "samples_seen": self.samples_seen, "history": list(self.history),
+                "best": dict(self.best) if self.best else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.samples_seen = int(state["samples_seen"])
         self.history = list(state["history"])
+        self.best = state.get("best")  # absent in files written before best.pth existed
