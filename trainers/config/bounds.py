@@ -111,6 +111,7 @@ BOUNDS: dict[str, Bound] = {
     "mel_loss_weight": _finite(),
     "dropout": _finite(0.0, 1.0, high_open=True),
     "seed": Bound(int, 0, MAX_SEED),
+    "train_samples": _count(),
     "num_workers": Bound(int, 0, MAX_WORKERS),
     "val_interval": _count(),
     "max_val_batches": _count(),

@@ -24,6 +24,8 @@ class CommandLine:
     force_resume: bool = False
     reconfigure_scheduler: bool = False
     data_roots: tuple[tuple[str, str], ...] = ()  # --data-root OLD=NEW, absolute (trainers/run/portable.py)
+    additional_epochs: int = 0  # --additional-epochs N: N more epochs of data from where the run stands
+    scale_lr: str | None = None  # --scale-lr linear|sqrt: the learning rate follows an effective-batch change
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="resume although settings that change the result differ from the saved run")
     rs.add_argument("--force-resume", action="store_true",
                     help="resume although the checkpoint fails a consistency check")
+    rs.add_argument("--additional-epochs", type=whole_number, metavar="N",
+                    help="continue the run for N more epochs of data from where it stands (N x steps per epoch "
+                         "optimizer steps), whatever --epochs / --max-steps it was started with")
+    rs.add_argument("--scale-lr", choices=("linear", "sqrt"),
+                    help="with a changed --effective-batch (and --allow-config-change): scale the saved learning "
+                         "rate by new/old batch (linear) or its square root (sqrt)")
     rs.add_argument("--reconfigure-scheduler", action="store_true",
                     help="when resuming to a later end: a new cosine from the current learning rate to the new end "
                          "(no jump), down to the same floor; without it the saved schedule stands")
@@ -84,6 +92,9 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(opt, "--mel-loss-weight", d.mel_loss_weight, "weight of the mel cross-entropy (not both weights 0)")
     _num(opt, "--dropout", d.dropout, "embedding and residual dropout")
     _num(opt, "--seed", d.seed, "seed of the data order and dropout masks")
+    _num(opt, "--train-samples", d.train_samples,
+         "train on this many of the manifests' samples, a fixed seed-keyed subset (0: all); a change takes effect "
+         "at the next epoch")
     opt.add_argument("--data-order", choices=("grouped", "random"),
                      help=f"grouped: each step holds samples of similar length (little padding); random: plain "
                           f"shuffled steps [{d.data_order}]")
@@ -170,6 +181,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     force = ns.pop("force_resume", False)
     reconfigure = ns.pop("reconfigure_scheduler", False)
     data_roots = tuple(ns.pop("data_roots", ()))
+    additional, scale_lr = ns.pop("additional_epochs", 0), ns.pop("scale_lr", None)
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
@@ -177,7 +189,8 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
         if key in ns and ns[key] is not None:
             ns[key] = os.path.abspath(ns[key])
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
-                       reconfigure_scheduler=reconfigure, data_roots=data_roots)
+                       reconfigure_scheduler=reconfigure, data_roots=data_roots, additional_epochs=additional,
+                       scale_lr=scale_lr)
 
 
 def _absolute_spec(spec: str) -> str:

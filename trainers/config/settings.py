@@ -38,6 +38,7 @@ class TrainConfig:
     seed: int = 1234
     # grouped: steps of similar-length samples (little padding); random: plain shuffled steps.
     data_order: str = "grouped"
+    train_samples: int = 0  # a seed-keyed subset of this many training samples (0: all of them)
     # None until resolved: on when the tokenizer extends the base checkpoint's vocabulary.
     freeze_base_vocab: bool | None = None
     # Run-time choices that do not change the result beyond float rounding.
@@ -79,6 +80,7 @@ FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
 LEGACY_VALUES: dict[str, Any] = {
     "freeze_base_vocab": False,  # before the option, every row was trained
     "data_order": "random",  # before length grouping
+    "train_samples": 0,  # before subsets: every sample
 }
 
 
@@ -120,7 +122,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 EXACTNESS_KEYS = (
     "seed", "effective_batch", "learning_rate", "warmup_steps", "lr_decay_steps", "min_lr_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "text_loss_weight",
-    "mel_loss_weight", "dropout", "freeze_base_vocab", "data_order",
+    "mel_loss_weight", "dropout", "freeze_base_vocab", "data_order", "train_samples",
 )
 # How this machine runs a step: never carried to another machine (see resolve.py).
 HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "val_batch_size")

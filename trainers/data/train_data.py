@@ -2,15 +2,20 @@
 
 Position is kept in samples: `samples_in_epoch` of epoch `epoch` have been trained. The rest of
 the epoch is the epoch's order from that offset, cut into steps of the effective batch, so a
-resume never iterates or loads the samples before it. An allowed change of the effective batch
-or of the data order mid-epoch keeps the order the epoch was made with and cuts its rest anew:
-no sample is repeated or skipped, and the change shapes the epochs after it.
+resume never iterates or loads the samples before it. An epoch keeps the order it was made with
+(its effective batch, data order and training subset): an allowed change of those mid-epoch
+takes effect at the next epoch, so no sample is repeated or skipped within an epoch.
+
+--train-samples N trains on a fixed subset: the first N of a seed-keyed permutation of all
+samples, in manifest order. A larger N keeps every sample of a smaller one.
 """
 from __future__ import annotations
 
 import logging
 import math
 from typing import Any, Sequence
+
+import numpy as np
 
 from trainers.data.data_order import DataOrder, StepPlan, packed_lengths
 from trainers.data.features import FeatureDataset, FeatureSpec
@@ -19,16 +24,18 @@ from trainers.data.manifest import Sample
 log = logging.getLogger("train")
 
 ORDER_NAMES = {True: "grouped", False: "random"}  # the --data-order choices
+_SUBSET_KEY = 0x5B5E7  # keys the subset's permutation apart from every epoch's order
 
 
 class TrainData:
     def __init__(self, samples: Sequence[Sample], spec: FeatureSpec, seed: int, effective_batch: int,
-                 grouped: bool) -> None:
+                 grouped: bool, train_samples: int = 0) -> None:
         self.samples = list(samples)
         self.dataset = FeatureDataset(self.samples, spec)
         self.seed = seed
         self.effective_batch = effective_batch
         self.grouped = grouped
+        self.subset_size = train_samples or len(self.samples)
         self.lengths = packed_lengths([s.text_len for s in self.samples], [s.code_len for s in self.samples])
         self.epoch = 0
         self.step_in_epoch = 0  # steps taken in this epoch (a label: the offset is the position)
@@ -36,48 +43,66 @@ class TrainData:
         # How the current epoch's order was made.
         self.order_batch = effective_batch
         self.order_grouped = grouped
+        self.order_samples = self.subset_size
 
     @property
     def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.samples) / self.effective_batch)
+        return math.ceil(self.subset_size / self.effective_batch)
 
     def steps_left(self, epochs: int) -> int:
         """Optimizer steps from here to the end of epoch `epochs - 1`."""
         if self.epoch >= epochs:
             return 0
-        this_epoch = math.ceil((len(self.samples) - self.samples_in_epoch) / self.effective_batch)
+        this_epoch = math.ceil((self.order_samples - self.samples_in_epoch) / self.effective_batch)
         return this_epoch + (epochs - self.epoch - 1) * self.steps_per_epoch
 
+    def subset(self, size: int) -> np.ndarray:
+        """The indices of the `size` samples trained on, in manifest order."""
+        if size >= len(self.samples):
+            return np.arange(len(self.samples))
+        chosen = np.random.Generator(np.random.PCG64([self.seed, _SUBSET_KEY])).permutation(len(self.samples))
+        return np.sort(chosen[:size])
+
     def plan_epoch(self, micro_batch: int) -> list[StepPlan]:
-        """The remaining steps of the current epoch, each cut into micro-batches."""
-        order = DataOrder(self.seed, len(self.samples), self.order_batch, self.lengths, self.order_grouped)
-        return order.plan_rest(self.epoch, self.samples_in_epoch, self.effective_batch, micro_batch,
-                               self.step_in_epoch)
+        """The remaining steps of the current epoch, each cut into micro-batches (of sample indices)."""
+        chosen = self.subset(self.order_samples)
+        order = DataOrder(self.seed, len(chosen), self.order_batch, self.lengths[chosen], self.order_grouped)
+        plans = order.plan_rest(self.epoch, self.samples_in_epoch, self.effective_batch, micro_batch,
+                                self.step_in_epoch)
+        if len(chosen) == len(self.samples):
+            return plans
+        return [StepPlan(p.epoch, p.step_in_epoch, [chosen[mb].tolist() for mb in p.micro_batches]) for p in plans]
 
     def advance(self, plan: StepPlan) -> None:
         """Move past a finished step; the end of an epoch is step 0 of the next."""
         self.samples_in_epoch += len(plan.samples)
         self.step_in_epoch += 1
-        if self.samples_in_epoch >= len(self.samples):
+        if self.samples_in_epoch >= self.order_samples:
             self._next_epoch()
 
     def _next_epoch(self) -> None:
         self.epoch, self.step_in_epoch, self.samples_in_epoch = self.epoch + 1, 0, 0
-        self.order_batch, self.order_grouped = self.effective_batch, self.grouped
+        self.order_batch, self.order_grouped, self.order_samples = self.effective_batch, self.grouped, self.subset_size
 
     def ids(self, plan: StepPlan) -> list[str]:
         return [self.samples[i].id for i in plan.samples]
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "samples_in_epoch": self.samples_in_epoch,
-                "order_batch": self.order_batch, "order": ORDER_NAMES[self.order_grouped]}
+                "order_batch": self.order_batch, "order": ORDER_NAMES[self.order_grouped],
+                "order_samples": self.order_samples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.samples_in_epoch = int(state["epoch"]), int(state["samples_in_epoch"])
         self.step_in_epoch = int(state["step_in_epoch"])
         self.order_batch, self.order_grouped = int(state["order_batch"]), state["order"] == ORDER_NAMES[True]
-        if self.samples_in_epoch >= len(self.samples):  # a format-1 file saved at the very end of an epoch
+        # Files written before training subsets existed trained every sample.
+        self.order_samples = min(int(state.get("order_samples") or len(self.samples)), len(self.samples))
+        if self.samples_in_epoch >= self.order_samples:  # a format-1 file saved at the very end of an epoch
             self._next_epoch()
+        self._report_changes()
+
+    def _report_changes(self) -> None:
         if self.order_batch != self.effective_batch:
             self.step_in_epoch = self.samples_in_epoch // self.effective_batch
             log.warning("effective batch changed from %d to %d: resuming epoch %d at sample %d (step %d); no sample "
@@ -87,3 +112,7 @@ class TrainData:
             log.warning("data order changed from %s to %s: the rest of epoch %d keeps its order, later epochs are %s",
                         ORDER_NAMES[self.order_grouped], ORDER_NAMES[self.grouped], self.epoch,
                         ORDER_NAMES[self.grouped])
+        if self.order_samples != self.subset_size:
+            log.warning("training samples changed from %d to %d: the rest of epoch %d keeps its %d samples (none "
+                        "repeated or skipped), from epoch %d on each epoch has %d", self.order_samples,
+                        self.subset_size, self.epoch, self.order_samples, self.epoch + 1, self.subset_size)

@@ -84,9 +84,11 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
         base_tokens = text_tokens
     vocab = Vocabulary(text_tokens, base_tokens)
     freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
+    n_train = _samples_per_epoch(settings, len(inputs.train_samples))
+    settings = _additional_epochs(cmd, settings, saved, n_train)
     train = replace(settings, freeze_base_vocab=freeze,
-                    lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, len(inputs.train_samples)))
-    check_horizon(train, len(inputs.train_samples))
+                    lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
+    check_horizon(train, n_train)
     branch_of = _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
@@ -102,6 +104,46 @@ def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
     origin = f"run {saved.run_id or '(no identity)'} at step {saved.checkpoint.step} ({saved.path})"
     log.info("starting a branch of %s in %s; that run is left as it is", origin, run_dir)
     return f"branched from {origin}"
+
+
+def _samples_per_epoch(cfg: TrainConfig, available: int) -> int:
+    if cfg.train_samples > available:
+        raise UserError(f"--train-samples {cfg.train_samples}: the training manifests hold {available} samples; pass "
+                        f"at most {available} (0 uses all of them)")
+    return cfg.train_samples or available
+
+
+def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None, n_train: int) -> TrainConfig:
+    """--additional-epochs N: the run ends N x (steps per epoch) optimizer steps after where it stands."""
+    if not cmd.additional_epochs:
+        return cfg
+    if not (saved and saved.checkpoint):
+        raise UserError("--additional-epochs continues a run: pass it with --resume auto (or best, or PATH) on a run "
+                        "that has a checkpoint; for a new run use --epochs")
+    if {"max_steps", "epochs"} & cmd.given.keys():
+        raise UserError("--additional-epochs sets where the run ends: pass it without --max-steps and --epochs")
+    end = saved.checkpoint.step + cmd.additional_epochs * math.ceil(n_train / cfg.effective_batch)
+    log.info("--additional-epochs %d: training to step %d (%d more steps from step %d, epoch %d)",
+             cmd.additional_epochs, end, end - saved.checkpoint.step, saved.checkpoint.step, saved.checkpoint.epoch)
+    return replace(cfg, max_steps=end, epochs=max(cfg.epochs, saved.checkpoint.epoch + cmd.additional_epochs + 1))
+
+
+def _scaled_learning_rate(cmd: CommandLine, values: dict[str, Any], saved: SavedRun | None) -> dict[str, Any]:
+    """--scale-lr: the saved learning rate times new/old effective batch (linear) or its square root (sqrt)."""
+    if not cmd.scale_lr:
+        return values
+    old_batch = saved.settings.get("effective_batch") if saved else None
+    if not old_batch or old_batch == values["effective_batch"]:
+        raise UserError("--scale-lr follows a change of the effective batch: pass it with a new --effective-batch "
+                        "(and --allow-config-change) when resuming")
+    if "learning_rate" in cmd.given:
+        raise UserError("--scale-lr computes the learning rate: pass it without --learning-rate")
+    ratio = values["effective_batch"] / old_batch
+    factor = ratio if cmd.scale_lr == "linear" else math.sqrt(ratio)
+    lr = saved.settings["learning_rate"] * factor
+    log.info("--scale-lr %s: learning rate %.4g -> %.4g (effective batch %d -> %d, x%.4g)", cmd.scale_lr,
+             saved.settings["learning_rate"], lr, old_batch, values["effective_batch"], factor)
+    return {**values, "learning_rate": lr}
 
 
 def new_run_id() -> str:
@@ -140,6 +182,7 @@ def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, mach
         values.update({k: v for k, v in saved.settings.items() if k not in HARDWARE_KEYS})
         values.update(_saved_hardware_settings(saved, machine, cmd.given))
     values.update(_given_batch_split(cmd.given))
+    values = _scaled_learning_rate(cmd, values, saved)
     values["output_dir"] = str(run_dir)
     cfg = TrainConfig.from_dict({k: v for k, v in values.items() if k in FIELD_NAMES})
     check_values(cfg)
