@@ -204,13 +204,13 @@ def test_which_step_and_best(run: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert main([str(run), "--which", "4", "--out", str(tmp_path / "s4")]) == 0
     assert json.loads((tmp_path / "s4" / "export.json").read_text())["step"] == 4
     assert all(torch.equal(v, step4.model[k]) for k, v in load_export(tmp_path / "s4").items())
-    refused(capsys, [str(run), "--which", "best", "--out", str(tmp_path / "b")], "best.pth", "--which latest")
+    no_best = tmp_path / "no_best"  # a run that never validated has no best.pth
+    shutil.copytree(run, no_best)
+    (no_best / "best.pth").unlink()
+    refused(capsys, [str(no_best), "--which", "best", "--out", str(tmp_path / "b")], "best.pth", "--which latest")
     assert not (tmp_path / "b").exists()
-    best_run = tmp_path / "best_run"
-    shutil.copytree(run, best_run)
-    shutil.copy(best_run / "model_step4.pth", best_run / "best.pth")
-    assert main([str(best_run), "--which", "best", "--out", str(tmp_path / "b")]) == 0
-    assert json.loads((tmp_path / "b" / "export.json").read_text())["step"] == 4
+    assert main([str(run), "--which", "best", "--out", str(tmp_path / "b")]) == 0  # the trainer wrote it
+    assert json.loads((tmp_path / "b" / "export.json").read_text())["step"] == schema.read(run / "best.pth").step
     # A checkpoint file works directly (its run directory supplies config.yaml).
     assert main([str(run / "model_step4.pth"), "--out", str(tmp_path / "f")]) == 0
 

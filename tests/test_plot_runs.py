@@ -31,7 +31,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]) -> di
                       (b, (*demo_assets, "--max-steps", "4", "--learning-rate", "1e-3"))):
         done = train_here(out, *args, *common)
         assert done.returncode == 0, done.stderr[-3000:]
-    shutil.copy(a / "model_step8.pth", a / "best.pth")
+    shutil.copy(a / "model_step8.pth", a / "best.pth")  # replaces the trainer's own, to place a's marker at 8
     (root / "empty").mkdir()
     return {"a": a, "b": b, "empty": root / "empty"}
 
@@ -53,7 +53,7 @@ def test_figure_has_a_curve_per_run_and_metric_and_the_markers(runs: dict[str, P
     for title, ax in panels.items():
         found = lines_by_gid(ax)
         kinds = ("train", "val") if title in LOSS_PANELS else ("train",)
-        expected = {f"{kind}:{name}" for kind in kinds for name in ("a", "b")} | {"resume:a", "best:a"}
+        expected = {f"{kind}:{name}" for kind in kinds for name in ("a", "b")} | {"resume:a", "best:a", "best:b"}
         assert set(found) == expected, title
         assert all(len(lines) == 1 for lines in found.values()), title
         # Data lines hold the history's steps; the markers sit at the resume step and best.pth's step.
@@ -63,6 +63,8 @@ def test_figure_has_a_curve_per_run_and_metric_and_the_markers(runs: dict[str, P
                 assert list(found[f"{kind}:{name}"][0].get_xdata()) == steps, (title, kind, name)
         assert list(found["resume:a"][0].get_xdata()) == [6, 6]
         assert list(found["best:a"][0].get_xdata()) == [8, 8]
+        b_best = schema.read(runs["b"] / "best.pth").step  # written by the trainer
+        assert list(found["best:b"][0].get_xdata()) == [b_best, b_best]
         # One colour per run: every line of a run has it, and the two runs differ.
         colours = {name: {tuple(line.get_color()) for gid, lines in found.items() if gid.endswith(f":{name}")
                           for line in lines} for name in ("a", "b")}
