@@ -32,7 +32,6 @@ if __name__ == "__main__":  # --help and usage errors answer here, before torch 
 
 import logging  # noqa: E402
 import math  # noqa: E402
-from contextlib import nullcontext  # noqa: E402
 
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -48,6 +47,7 @@ from trainers.hardware.oom_recovery import (  # noqa: E402
 )
 from trainers.model.gpt_model import dropout_keys  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
+from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
 from trainers.training.faults import Faults  # noqa: E402
 from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402
 from trainers.training.optimization import StepResult  # noqa: E402
@@ -248,7 +248,7 @@ def accumulate_gradients(run: Run, plan: StepPlan, batches, faults: Faults) -> d
             raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
         run.hw.oom.check(len(expected), step + 1, j)
         keys = dropout_keys(cfg.seed, step, batch.indices)
-        with autocast(run):
+        with autocast_for(run.hw.device, run.hw.amp_dtype):
             sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
                                        batch.code_lens, dropout_keys=keys)
             loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
@@ -291,7 +291,6 @@ def keep_if_best(run: Run, means: dict[str, float]) -> None:
         run.checkpoints.save_best(progress.step, metric, means[metric])
 
 
-@torch.no_grad()
 def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str | None]:
     """Metrics per language over the first `count` validation samples (one language per batch)."""
     size = run.hw.val_batch
@@ -304,23 +303,13 @@ def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str |
     try:
         batches = run.val_loader.batches([StepPlan(0, 0, [ids for _, ids in chunks])])
         for (lang, _), batch in zip(chunks, batches):
-            batch = batch.to(run.hw.device, non_blocking=True)
             run.hw.oom.check(len(batch.ids))
-            with autocast(run):
-                sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens,
-                                           batch.codes, batch.code_lens)
-            metrics[lang].add(sums, len(batch.ids))
+            metrics[lang].add(batch_loss_sums(run.model, batch, run.hw.device, run.hw.amp_dtype), len(batch.ids))
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
             raise
         return metrics, oom_message(exc)
     return metrics, None
-
-
-def autocast(run: Run):
-    if run.hw.amp_dtype is None:
-        return nullcontext()
-    return torch.autocast(device_type=run.hw.device.type, dtype=run.hw.amp_dtype)
 
 
 def stop_keeping_progress(run: Run, first_step: int, error: Exception, advice: str) -> None:

@@ -4,7 +4,8 @@ Position is kept in samples: `samples_in_epoch` of epoch `epoch` have been train
 the epoch is the epoch's order from that offset, cut into steps of the effective batch, so a
 resume never iterates or loads the samples before it. An epoch keeps the order it was made with
 (its effective batch, data order and training subset): an allowed change of those mid-epoch
-takes effect at the next epoch, so no sample is repeated or skipped within an epoch.
+takes effect at the next epoch (at once at an epoch boundary), so no sample is repeated or
+skipped within an epoch.
 
 --train-samples N trains on a fixed subset: the first N of a seed-keyed permutation of all
 samples, in manifest order. A larger N keeps every sample of a smaller one.
@@ -100,6 +101,10 @@ class TrainData:
         self.order_samples = min(int(state.get("order_samples") or len(self.samples)), len(self.samples))
         if self.samples_in_epoch >= self.order_samples:  # a format-1 file saved at the very end of an epoch
             self._next_epoch()
+        if self.samples_in_epoch == 0:  # nothing of this epoch trained yet: it takes today's settings
+            self.step_in_epoch = 0
+            self.order_batch, self.order_grouped, self.order_samples = (self.effective_batch, self.grouped,
+                                                                        self.subset_size)
         self._report_changes()
 
     def _report_changes(self) -> None:

@@ -1,0 +1,25 @@
+"""The summed losses of a batch without gradients: what validation reports, in the trainer and in the
+experiment API alike."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import ContextManager
+
+import torch
+
+from trainers.data.features import Batch
+from trainers.model.gpt_model import UnifiedVoiceGPT
+
+
+def autocast_for(device: torch.device, amp_dtype: torch.dtype | None) -> ContextManager:
+    return nullcontext() if amp_dtype is None else torch.autocast(device_type=device.type, dtype=amp_dtype)
+
+
+@torch.no_grad()
+def batch_loss_sums(model: UnifiedVoiceGPT, batch: Batch, device: torch.device,
+                    amp_dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Summed text/mel cross-entropies, token counts and correct mel predictions of one batch."""
+    batch = batch.to(device, non_blocking=True)
+    with autocast_for(device, amp_dtype):
+        return model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
+                               batch.code_lens)
