@@ -234,7 +234,14 @@ def test_the_first_signal_is_passed_on_and_only_a_second_ctrl_c_after_it(tmp_pat
     proc.send_signal(signal.SIGTERM)
     wait_for_log(out, proc, "received SIGTERM again: not passed on")
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=120) == 129
+    try:
+        status = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        signals = (tmp_path / "signals").read_text() if (tmp_path / "signals").exists() else ""
+        raise AssertionError(f"the loop did not end; signals the trainer got: {signals.split()}\n"
+                             f"{(out / LOG_NAME).read_text()}") from None
+    assert status == 129
     assert (tmp_path / "signals").read_text().split() == ["HUP", "INT"]
     assert attempts(tmp_path) == 1
 

@@ -286,3 +286,28 @@ def test_a_checkpoint_of_another_run_is_refused_in_a_directory_that_holds_a_run(
     branch = train_here(tmp_path / "branch", "--resume", str(other / "model_step6.pth"), "--max-steps", "8")
     assert branch.returncode == 0, branch.stderr
     assert final_state(other).step == 7 and final_state(tmp_path / "branch").step == 8
+
+
+def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, reference, tmp_path):
+    """The background writer (the default on CUDA): kills inside its writes, from its own thread."""
+    out = tmp_path / "run"
+    kills = ["save:6:tmp_written", "save:12:renamed", "step:18", None]
+    killed = train(out, *demo_assets, *COMMON, "--background-saves", kill_at=kills[0])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (out / "latest.pth").exists()  # killed inside the first write: no checkpoint yet
+    expected_resume = {"save:6:tmp_written": None, "save:12:renamed": 12, "step:18": 18}
+    for kill_at, next_kill in zip(kills, kills[1:]):
+        args = ("--resume", "auto", "--background-saves")
+        resumed = train(out, *args, kill_at=next_kill) if next_kill else train_here(out, *args)
+        assert resumed.returncode == (-signal.SIGKILL if next_kill else 0), resumed.stderr
+        step = expected_resume[kill_at]
+        assert ("no checkpoint yet" in resumed.stderr) if step is None else f"(step {step}," in resumed.stderr
+        assert "in the background" in resumed.stderr  # the writer thread wrote them
+    assert_same_training(reference, out)
+
+
+def test_a_signal_save_in_the_background_completes_before_exit(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    stopped = train_here(out, *demo_assets, *COMMON, "--background-saves", kill_at="SIGTERM@micro:7:1")
+    assert stopped.returncode == 143, stopped.stderr
+    assert final_state(out).step == 7  # written in the writer thread, complete before the trainer exited

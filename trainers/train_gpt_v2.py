@@ -110,6 +110,7 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         tlog.flush_interval(run.progress.step, run.data.epoch, run.total_steps)
         evaluate(run, tlog, faults)
         run.checkpoints.save(run.progress.step)
+        run.checkpoints.wait()  # the final save is complete before the trainer says so, or exits
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
                  "--max-steps or --epochs", run.progress.step, run.data.epoch, run.data.step_in_epoch)
         return stop.exit_status if stop.requested else EXIT_OK  # a signal during the final validation
@@ -188,6 +189,8 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                                 progress.step, run.checkpoints.newest_name())
                 else:
                     run.checkpoints.save(progress.step)
+            if stop.requested or faults.kill.armed("step", progress.step):
+                run.checkpoints.wait()  # "after step N and any checkpoint it saves"; a signal's save completes
             faults.kill.check("step", progress.step)
             if stop.requested:
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s", progress.step,

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -321,8 +321,10 @@ class CheckpointWriter:
     def buffer_bytes(self) -> int:
         return self._buffers.nbytes if self._buffers is not None else 0
 
-    def submit(self, state: Any, step: int) -> None:
-        """Save ``state`` as the checkpoint of ``step``; see the class docstring."""
+    def submit(self, state: Any, step: int, write: Callable[[Any], Path] | None = None) -> None:
+        """Save ``state`` as the checkpoint of ``step``; see the class docstring. ``write(copy)``, if
+        given, writes the host copy instead of ``manager.save`` (e.g. to assemble and checksum it
+        off the training thread first) and returns the path written."""
         if self._closed:
             raise RuntimeError("CheckpointWriter is closed")
         if step < 0:
@@ -333,14 +335,14 @@ class CheckpointWriter:
         self._raise_error()
         if not self.background:
             self.last_snapshot_s = 0.0
-            self._write(to_host(state), step)
+            self._write(to_host(state), step, write)
             self._raise_error()
             return
         t1 = time.perf_counter()
         snap = snapshot(state, buffers=self._buffers, pin_memory=self.pin_memory, static=self.static)
         self.last_snapshot_s = time.perf_counter() - t1
         thread = threading.Thread(
-            target=self._write, args=(snap, step), name=f"checkpoint-writer-step{step}", daemon=False
+            target=self._write, args=(snap, step, write), name=f"checkpoint-writer-step{step}", daemon=False
         )
         del snap  # the thread holds the only reference, so the snapshot is freed when it ends
         self._thread = thread
@@ -419,10 +421,10 @@ class CheckpointWriter:
             self.failed_step, self._error_step = self._error_step, None
             raise error
 
-    def _write(self, state: Any, step: int) -> None:
+    def _write(self, state: Any, step: int, write: Callable[[Any], Path] | None = None) -> None:
         t0 = time.perf_counter()
         try:
-            path = self.manager.save(state, step)
+            path = write(state) if write is not None else self.manager.save(state, step)
         except BaseException as exc:  # kept for the caller's thread, whatever it is
             if self.background:
                 exc.add_note(f"(while writing the checkpoint of step {step} in the background)")

@@ -120,6 +120,9 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(rt, "--save-interval", d.save_interval, "save a checkpoint every N optimizer steps")
     _num(rt, "--keep-checkpoints", d.keep_checkpoints, "model_step files to keep (0: only latest.pth)")
     _num(rt, "--log-interval", d.log_interval, "log a line every N optimizer steps")
+    rt.add_argument("--background-saves", action=argparse.BooleanOptionalAction,
+                    help="write checkpoints in a background thread: the loop waits only for a copy of the state in "
+                         "host memory (which costs as much host memory as the state) [on with CUDA, off on CPU]")
     rt.add_argument("--best-metric", choices=("mel_loss", "text_loss", "mel_top1"),
                     help=f"validation metric whose best value is kept as OUTPUT_DIR/best.pth [{d.best_metric}]")
     rt.add_argument("--log-sample-ids", action="store_true",

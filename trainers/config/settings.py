@@ -53,6 +53,9 @@ class TrainConfig:
     val_batch_size: int = 0
     save_interval: int = 1000
     keep_checkpoints: int = 3
+    # None: in the background on CUDA (the loop waits on the GPU anyway), synchronous on CPU (the
+    # writer would compete with training for the cores).
+    background_saves: bool | None = None
     log_interval: int = 10
     log_sample_ids: bool = False
     best_metric: str = "mel_loss"  # the validation metric best.pth is kept for: mel_loss, text_loss or mel_top1
@@ -129,7 +132,8 @@ HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "va
 # Settings that may change freely: bookkeeping, how long to train, where files are.
 FREE_KEYS = (
     *HARDWARE_KEYS, "epochs", "max_steps", "amp", "tf32", "grad_checkpointing", "deterministic", "val_interval",
-    "max_val_batches", "save_interval", "keep_checkpoints", "log_interval", "log_sample_ids", "best_metric",
+    "max_val_batches", "save_interval", "keep_checkpoints", "background_saves", "log_interval", "log_sample_ids",
+    "best_metric",
     "val_manifests",
     "output_dir", "base_checkpoint", "config",
     "train_manifests", "tokenizer",  # compared through fingerprints instead of paths

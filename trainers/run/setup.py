@@ -15,6 +15,7 @@ from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.checkpoint.recovery import set_aside
 from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
+from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
 from trainers.hardware.detect import Hardware, detect_hardware, make_deterministic, pick_device
 from trainers.hardware.plan import HardwarePlan, plan_hardware
@@ -54,11 +55,16 @@ class Run:
         return self.weights.model
 
     def close(self) -> None:
-        """Let go of the run directory and the loader processes."""
-        for loader in (self.train_loader, self.val_loader):
-            if loader is not None:
-                loader.close()
-        self.lock.release()
+        """Finish the save in flight, then let go of the loader processes and the run directory."""
+        try:
+            self.checkpoints.close()
+        except CheckpointWriteError as exc:  # only on a path that is already ending with another error
+            log.error("%s", exc)
+        finally:
+            for loader in (self.train_loader, self.val_loader):
+                if loader is not None:
+                    loader.close()
+            self.lock.release()
 
 
 def setup_run(cmd: CommandLine) -> Run:
@@ -115,8 +121,9 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
                       cfg.vocab.extended, cfg.train.tokenizer)
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
+    background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
     run = Run(cfg, weights, optim, data, *loaders, progress, hw,
-              Checkpointer(run_dir, cfg.train.keep_checkpoints, components), total, lock)
+              Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock)
     log_summary(run)
     return run
 

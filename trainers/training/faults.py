@@ -42,6 +42,10 @@ class KillPoint:
             points.append((point, signal.Signals[name].value if name else signal.SIGKILL))
         return cls(tuple(points))
 
+    def armed(self, *parts: object) -> bool:
+        here = ":".join(str(p) for p in parts)
+        return any(point == here for point, _ in self.points)
+
     def check(self, *parts: object) -> None:
         here = ":".join(str(p) for p in parts)
         for point, signum in self.points:
