@@ -176,9 +176,9 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             tlog.sample_ids(progress.step, plan.epoch, run.data.ids(plan))
             tlog.train_step(progress.step, metrics, lr, result.grad_norm, time.perf_counter() - t0)
             bar.update(1)
-            bar.set_postfix(mel_loss=f"{metrics.means()['mel_loss']:.3f}", refresh=False)
             if progress.step % cfg.log_interval == 0:
-                tlog.flush_interval(progress.step, plan.epoch, run.total_steps)
+                means = tlog.flush_interval(progress.step, plan.epoch, run.total_steps)
+                bar.set_postfix(mel_loss=f"{means['mel_loss']:.3f}", refresh=False)
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if cfg.val_interval and progress.step % cfg.val_interval == 0 and not last:
                 evaluate(run, tlog, faults)
@@ -188,6 +188,7 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                     log.warning("step %d: not saving during a streak of skipped steps; the newest checkpoint is %s",
                                 progress.step, run.checkpoints.newest_name())
                 else:
+                    tlog.write_steps()  # the saved step's scalars are in TensorBoard before it is resumable
                     run.checkpoints.save(progress.step)
             if stop.requested or faults.kill.armed("step", progress.step):
                 run.checkpoints.wait()  # "after step N and any checkpoint it saves"; a signal's save completes
@@ -230,7 +231,7 @@ def train_step(run: Run, plan: StepPlan, batches, faults: Faults) -> tuple[StepM
     if oom is not None:
         raise StepOutOfMemory(oom)
     metrics = StepMetrics()
-    metrics.add(totals, len(plan.samples))  # one device sync per step, not per micro-batch
+    metrics.add(totals, len(plan.samples))  # stays on the device: read once per log interval
     run.hw.oom.check(0, step + 1, "update")
     result = run.optim.apply(grad_norm)
     faults.nan.after_update(step + 1, run.optim.params)
@@ -246,9 +247,10 @@ def accumulate_gradients(run: Run, plan: StepPlan, batches, faults: Faults) -> d
     mel_total = sum(samples[i].code_len + 1 for i in plan.samples)
     totals: dict[str, torch.Tensor] = {}
     for j, expected in enumerate(plan.micro_batches):
-        batch = next(batches).to(run.hw.device, non_blocking=True)
-        if batch.indices.tolist() != expected:  # cheap guard on the one invariant everything rests on
-            raise RuntimeError(f"data loader returned samples {batch.indices.tolist()} instead of {expected}")
+        host_batch = next(batches)
+        if host_batch.indices.tolist() != expected:  # the one invariant everything rests on; checked on the host
+            raise RuntimeError(f"data loader returned samples {host_batch.indices.tolist()} instead of {expected}")
+        batch = host_batch.to(run.hw.device, non_blocking=True)
         run.hw.oom.check(len(expected), step + 1, j)
         keys = dropout_keys(cfg.seed, step, batch.indices)
         with autocast_for(run.hw.device, run.hw.amp_dtype):

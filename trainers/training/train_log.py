@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import torch
 from tqdm import tqdm
 
 from trainers.checkpoint.files import os_error_in_chain
@@ -36,37 +37,43 @@ def setup_logging() -> None:
     root.setLevel(logging.INFO)
 
 
+_FIELDS = ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct")
+
+
 @dataclass
 class StepMetrics:
-    """Sums over one optimizer step; turned into per-token means when logged."""
+    """Sums over a step (or an interval, or a validation); per-token means when logged.
 
-    text_ce: float = 0.0
-    mel_ce: float = 0.0
-    text_tokens: int = 0
-    mel_tokens: int = 0
-    mel_correct: int = 0
+    The sums stay a tensor on the device they were computed on, so adding a micro-batch's or a
+    step's costs no host-device synchronisation; they are read once, by `means()`.
+    """
+
+    sums: Any = None  # float64 tensor of the _FIELDS, on the device of the first add
     samples: int = 0
 
     def add(self, sums: dict[str, Any], samples: int) -> None:
-        self.text_ce += float(sums["text_ce"])
-        self.mel_ce += float(sums["mel_ce"])
-        self.text_tokens += int(sums["text_tokens"])
-        self.mel_tokens += int(sums["mel_tokens"])
-        self.mel_correct += int(sums["mel_correct"])
+        values = torch.stack([torch.as_tensor(sums[k]).to(torch.float64) for k in _FIELDS])
+        self.sums = values if self.sums is None else self.sums + values.to(self.sums.device)
         self.samples += samples
+
+    def merge(self, other: "StepMetrics") -> None:
+        if other.sums is not None:
+            self.sums = other.sums if self.sums is None else self.sums + other.sums.to(self.sums.device)
+        self.samples += other.samples
 
     @classmethod
     def total(cls, parts: Iterable["StepMetrics"]) -> "StepMetrics":
         total = cls()
         for part in parts:
-            total.add(vars(part), part.samples)
+            total.merge(part)
         return total
 
     def means(self) -> dict[str, float]:
+        text_ce, mel_ce, text_tokens, mel_tokens, correct = self.sums.tolist() if self.sums is not None else [0.0] * 5
         return {
-            "text_loss": self.text_ce / max(1, self.text_tokens),
-            "mel_loss": self.mel_ce / max(1, self.mel_tokens),
-            "mel_top1": self.mel_correct / max(1, self.mel_tokens),
+            "text_loss": text_ce / max(1.0, text_tokens),
+            "mel_loss": mel_ce / max(1.0, mel_tokens),
+            "mel_top1": correct / max(1.0, mel_tokens),
         }
 
 
@@ -121,27 +128,36 @@ class TrainLog:
         self.sample_ids_path = self.run_dir / "sample_ids.tsv"
         if self.record_sample_ids:
             _truncate_sample_ids(self.sample_ids_path, self.start_step)
-        self._interval = StepMetrics()
-        self._interval_steps = 0
-        self._interval_seconds = 0.0
+        self._pending: list[tuple[int, StepMetrics, float, float, float]] = []  # steps not yet in TensorBoard
+        self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
+        self._last = (0.0, 0.0)
 
-    @_io_errors_stop_the_run
     def train_step(self, step: int, metrics: StepMetrics, lr: float, grad_norm: float, seconds: float) -> None:
-        means = metrics.means()
-        for name, value in means.items():
-            self.writer.add_scalar(f"train/{name}", value, step)
-        self.writer.add_scalar("train/lr", lr, step)
-        self.writer.add_scalar("train/grad_norm", grad_norm, step)
-        self.writer.add_scalar("train/samples_per_second", metrics.samples / max(seconds, 1e-9), step)
-        self._interval.add(vars(metrics), metrics.samples)
-        self._interval_steps += 1
-        self._interval_seconds += seconds
-        self._last = (lr, grad_norm)
+        """Keep a step's metrics (on the device) until they are written: no synchronisation per step."""
+        self._pending.append((step, metrics, lr, grad_norm, seconds))
 
     @_io_errors_stop_the_run
-    def flush_interval(self, step: int, epoch: int, total_steps: int) -> None:
+    def write_steps(self) -> None:
+        """Write the kept steps' scalars to TensorBoard (called before each save, so a resume leaves no gap)."""
+        for at, metrics, lr, grad_norm, seconds in self._pending:
+            for name, value in metrics.means().items():
+                self.writer.add_scalar(f"train/{name}", value, at)
+            self.writer.add_scalar("train/lr", lr, at)
+            self.writer.add_scalar("train/grad_norm", grad_norm, at)
+            self.writer.add_scalar("train/samples_per_second", metrics.samples / max(seconds, 1e-9), at)
+            self._interval.merge(metrics)
+            self._interval_steps += 1
+            self._interval_seconds += seconds
+            self._last = (lr, grad_norm)
+        self._pending = []
+        self.writer.flush()
+
+    @_io_errors_stop_the_run
+    def flush_interval(self, step: int, epoch: int, total_steps: int) -> dict[str, float] | None:
+        """Write the kept steps and the interval's log line; returns the interval's means."""
+        self.write_steps()
         if not self._interval_steps:
-            return
+            return None
         means = self._interval.means()
         lr, grad_norm = self._last
         rate = self._interval.samples / max(self._interval_seconds, 1e-9)
@@ -151,7 +167,7 @@ class TrainLog:
         )
         self.history.append({"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "grad_norm": grad_norm})
         self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
-        self.writer.flush()
+        return means
 
     @_io_errors_stop_the_run
     def validation(self, step: int, by_lang: dict[str, StepMetrics]) -> dict[str, float]:
