@@ -39,6 +39,7 @@ import inspect
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -361,6 +362,7 @@ class MainRankCheckpoints:
         import torch.distributed as dist
 
         status, error, path = 0, None, None
+        started = time.perf_counter()
         if self.world.is_main:
             try:
                 path = self.inner.save(step)
@@ -381,6 +383,9 @@ class MainRankCheckpoints:
         if high != -low:
             raise DistributedFailure(f"the processes' weights differ at step {step} (fingerprints {-low!r} to "
                                      f"{high!r}); this is a bug: step {step} was not saved")
+        if self.world.is_main:
+            log.info("step %d: the checkpoint held the %d processes for %.3f s", step, self.world.size,
+                     time.perf_counter() - started)
         return path
 
     def __getattr__(self, name: str) -> Any:
