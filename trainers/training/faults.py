@@ -55,6 +55,7 @@ def for_this_process(spec: str) -> str | None:
 @dataclass(frozen=True)
 class KillPoint:
     points: tuple[tuple[str, int, bool], ...] = ()  # (point, signal number, the whole machine)
+    launcher: int | None = None  # torchrun's pid, read at start: once it is gone the parent is someone else
 
     @classmethod
     def from_env(cls) -> "KillPoint":
@@ -66,7 +67,7 @@ class KillPoint:
                                  "without torchrun that would be the caller's own")
             name, _, point = spec.removeprefix(MACHINE).rpartition("@")
             points.append((point, signal.Signals[name].value if name else signal.SIGKILL, machine))
-        return cls(tuple(points))
+        return cls(tuple(points), os.getppid() if any(m for _, _, m in points) else None)
 
     def check(self, *parts: object) -> None:
         here = ":".join(str(p) for p in parts)
@@ -78,7 +79,8 @@ class KillPoint:
                                      f"{' to torchrun and itself' if machine else ''}\n")
                     sys.stderr.flush()
                 if machine:
-                    os.kill(os.getppid(), signal.SIGKILL)
+                    if os.getppid() == self.launcher:  # not yet killed by another worker
+                        os.kill(self.launcher, signal.SIGKILL)
                     os.killpg(0, signal.SIGKILL)
                 os.kill(os.getpid(), signum)
 
