@@ -46,13 +46,12 @@ def torchrun(out: Path, *args: str, nproc: int = 2, kill_at: str | None = None, 
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for pid in [*_children(proc.pid), proc.pid]:
-            with_children = [pid, *_children(pid)]
-            for p in with_children:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        workers = _children(proc.pid)
+        for pid in [*(c for w in workers for c in _children(w)), *workers, proc.pid]:  # loader processes too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         stdout, stderr = proc.communicate()
         pytest.fail(f"torchrun hung for {timeout} s: {' '.join(cmd)}\n{stderr[-5000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
