@@ -253,6 +253,11 @@ class World:
             hw.split = split_for(self.rank_batch(run.cfg.train.effective_batch), micro,
                                  f"{hw.split.reason}; the smallest of the processes")
         hw.val_batch = val_batch
+        effective = run.cfg.train.effective_batch
+        if self.size > effective and self.is_main:
+            log.warning("%d processes for an effective batch of %d: processes %d to %d never get a sample and only "
+                        "wait for the others; use at most %d processes", self.size, effective, effective,
+                        self.size - 1, effective)
         self._ddp = self._collective(lambda: _wrap(run.model, hw.device), "start-up")
         run.checkpoints = MainRankCheckpoints(run.checkpoints, self, run.model)
 
