@@ -216,3 +216,21 @@ def test_a_last_step_with_fewer_samples_than_processes(demo_assets, tmp_path):
     assert_close_weights(single, out)
     two_val = [h for h in history(out, "val") if h["step"] != 1]  # less the end of the single-process part
     assert_close_metrics(history(single, "val"), two_val, ("text_loss", "mel_loss", "mel_top1"), rel=1e-4)
+
+
+def test_a_step_is_divided_by_strided_slices_and_nothing_changes_without_torchrun(monkeypatch):
+    from trainers.data.data_order import StepPlan
+    from trainers.training.distributed import World, batch_summary
+    from trainers.training.faults import for_this_process
+
+    single = World.from_env({})
+    plan = StepPlan(0, 3, [[9, 4, 7], [1, 8, 2], [6]])
+    assert not single.distributed and single.share_plan(plan, 2) is plan and single.rank_batch(16) == 16
+    worlds = [World.from_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r)}) for r in (0, 1)]
+    assert [w.share_plan(plan, 2).micro_batches for w in worlds] == [[[9, 7], [8, 6]], [[4, 1], [2]]]
+    assert [w.share_plan(StepPlan(1, 1, [[5]]), 8).micro_batches for w in worlds] == [[[5]], []]  # rank 1: none
+    assert worlds[1].rank_batch(17) == 9
+    assert batch_summary(worlds[0], 16, 8, 1) == "world 2 x (micro-batch 8 x accumulation 1) = effective batch 16"
+    monkeypatch.setenv("RANK", "1")
+    assert for_this_process("rank1/SIGTERM@step:9") == "SIGTERM@step:9" and for_this_process("rank0/step:9") is None
+    assert for_this_process("save:18:tmp_written") == "save:18:tmp_written"
