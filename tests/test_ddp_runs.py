@@ -234,3 +234,8 @@ def test_a_step_is_divided_by_strided_slices_and_nothing_changes_without_torchru
     monkeypatch.setenv("RANK", "1")
     assert for_this_process("rank1/SIGTERM@step:9") == "SIGTERM@step:9" and for_this_process("rank0/step:9") is None
     assert for_this_process("save:18:tmp_written") == "save:18:tmp_written"
+    from trainers.run.resolve import _given_batch_split
+
+    # --batch-size and --grad-accumulation are per process: both without --effective-batch, times the processes.
+    assert _given_batch_split({"batch_size": 8, "grad_accumulation": 2}, 2)["effective_batch"] == 32
+    assert _given_batch_split({"batch_size": 8, "grad_accumulation": 2})["effective_batch"] == 16
