@@ -47,6 +47,7 @@ from trainers.hardware.oom_recovery import (  # noqa: E402
 )
 from trainers.model.gpt_model import dropout_keys  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
+from trainers.training.distributed import DistributedFailure, QuietLog, World  # noqa: E402
 from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
 from trainers.training.faults import Faults  # noqa: E402
 from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402
@@ -66,9 +67,10 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None) -> i
     setup_logging()
     stop = StopRequest().install()
     faults = Faults.from_env()
-    run = None
+    run, world = None, World()
     try:
-        run = setup_run(cmd)
+        world = World.from_env().start()  # under torchrun: join the other processes
+        run = setup_run(cmd, world)
         faults.kill.check("setup")
         stop.training = True
         return train(run, stop, faults)
@@ -82,8 +84,14 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None) -> i
         if not stop.training:
             log.warning("stopped by %s during start-up: nothing was trained, no checkpoint was changed", exc)
         return exc.exit_status  # during training: a second signal abandoned the step, the last checkpoint stands
+    except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
+        where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
+            f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
+        log.error("%s%s", exc, where)
+        return exc.exit_status
     finally:
         stop.uninstall()
+        world.close()  # first: under torchrun it ignores stop signals from here on
         if run is not None:
             run.close()
 
@@ -91,14 +99,17 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None) -> i
 def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     run.checkpoints.files.on_event = faults.kill.on_checkpoint_event
     cfg = run.cfg.train
-    tlog = TrainLog(run.cfg.run_dir, run.progress.step, history=run.progress.history,
-                    record_sample_ids=cfg.log_sample_ids)
+    # Under torchrun rank 0 alone writes the log, TensorBoard and sample_ids.tsv (each step's ids, of every process).
+    tlog = (TrainLog if run.world.is_main else QuietLog)(run.cfg.run_dir, run.progress.step,
+                                                         history=run.progress.history,
+                                                         record_sample_ids=cfg.log_sample_ids)
     if run.progress.step >= run.total_steps:
         log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
                  run.progress.step)
         tlog.close()
         return EXIT_OK
-    bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step", disable=None, dynamic_ncols=True)
+    bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
+               disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step
     tlog.scalar("hardware/micro_batch", run.hw.split.micro_batch, run.progress.step)
     try:
@@ -113,7 +124,7 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         run.checkpoints.wait()  # the final save is complete before the trainer says so, or exits
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
                  "--max-steps or --epochs", run.progress.step, run.data.epoch, run.data.step_in_epoch)
-        return stop.exit_status if stop.requested else EXIT_OK  # a signal during the final validation
+        return stop.exit_status if run.world.agree_to_stop(stop) else EXIT_OK  # a signal during the final validation
     except CheckpointWriteError as exc:
         log.error("%s%s", exc, f" (the last checkpoint, {run.checkpoints.newest_name()}, is intact)"
                   if isinstance(exc, LogWriteError) else "")
@@ -151,7 +162,7 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
     bad_steps, first_step = 0, progress.step
     while progress.step < run.total_steps:
         plans = run.data.plan_epoch(run.hw.split.micro_batch)[: run.total_steps - progress.step]
-        batches = run.train_loader.batches(plans)
+        batches = run.train_loader.batches(run.world.share_plans(plans, run.hw.split.micro_batch))  # this process's
         for plan in plans:
             t0 = time.perf_counter()
             try:
@@ -178,12 +189,14 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             bar.update(1)
             if progress.step % cfg.log_interval == 0:
                 means = tlog.flush_interval(progress.step, plan.epoch, run.total_steps)
-                bar.set_postfix(mel_loss=f"{means['mel_loss']:.3f}", refresh=False)
+                if means:  # None where nothing is logged (torchrun processes other than rank 0)
+                    bar.set_postfix(mel_loss=f"{means['mel_loss']:.3f}", refresh=False)
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if cfg.val_interval and progress.step % cfg.val_interval == 0 and not last:
                 evaluate(run, tlog, faults)
                 run.model.train()
-            if (progress.step % cfg.save_interval == 0 and not last) or stop.requested:
+            stopping = run.world.agree_to_stop(stop)  # under torchrun: a signal to any process stops all of them here
+            if (progress.step % cfg.save_interval == 0 and not last) or stopping:
                 if bad_steps:  # the newest checkpoint stays the last one from before the streak
                     log.warning("step %d: not saving during a streak of skipped steps; the newest checkpoint is %s",
                                 progress.step, run.checkpoints.newest_name())
@@ -193,7 +206,7 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             if stop.requested or faults.kill.armed("step", progress.step):
                 run.checkpoints.wait()  # "after step N and any checkpoint it saves"; a signal's save completes
             faults.kill.check("step", progress.step)
-            if stop.requested:
+            if stopping:
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s", progress.step,
                          run.cfg.run_dir)
                 return stop.exit_status
@@ -205,7 +218,7 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     run.optim.discard_gradients()  # partial gradients of the abandoned attempt
     release_memory(run.hw.device)
     step, effective = run.progress.step + 1, run.cfg.train.effective_batch
-    old = run.hw.halve_micro_batch(effective, f"step {step}", error)
+    old = run.hw.halve_micro_batch(run.world.rank_batch(effective), f"step {step}", error)  # every process halves
     new = run.hw.split
     log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
                 "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
@@ -218,35 +231,51 @@ def train_step(run: Run, plan: StepPlan, batches, faults: Faults) -> tuple[StepM
     """One optimizer step over the plan's micro-batches, with the loss normalised per step."""
     step = run.progress.step
     lr = run.optim.start_step(step)
-    oom = None
+    share = run.world.share_plan(plan, run.hw.split.micro_batch)  # under torchrun this process's part, else the plan
+    oom, bad_sample, totals = None, None, {}
     try:
-        totals = accumulate_gradients(run, plan, batches, faults)
-        run.hw.oom.check(0, step + 1, "clip")
-        grad_norm = run.optim.prepare()  # changes no weight: an out-of-memory error here is recoverable too
+        with run.world.accumulating():  # under torchrun: no communication until sync_gradients
+            totals = accumulate_gradients(run, plan, share, batches, faults)
+    except FeatureError as exc:
+        bad_sample = exc
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
             raise
         # Keep only the text: leaving this handler drops the failed pass's frames, graph and tensors.
         oom = oom_message(exc)
+    try:
+        run.world.sync_gradients()  # under torchrun every process takes part, also after a failure: the others wait
+        if oom is None and bad_sample is None:
+            run.hw.oom.check(0, step + 1, "clip")
+            grad_norm = run.optim.prepare()  # changes no weight: an out-of-memory error here is recoverable too
+    except RuntimeError as exc:
+        if not is_out_of_memory(exc):
+            raise
+        oom = oom_message(exc)
+    metrics = StepMetrics()
+    if oom is None and bad_sample is None and totals:
+        metrics.add(totals, len(share.samples))  # stays on the device: read once per log interval
+    oom, metrics = run.world.agree_on_step(oom, bad_sample, metrics)  # under torchrun: over all processes
     if oom is not None:
         raise StepOutOfMemory(oom)
-    metrics = StepMetrics()
-    metrics.add(totals, len(plan.samples))  # stays on the device: read once per log interval
     run.hw.oom.check(0, step + 1, "update")
     result = run.optim.apply(grad_norm)
     faults.nan.after_update(step + 1, run.optim.params)
     return metrics, lr, result
 
 
-def accumulate_gradients(run: Run, plan: StepPlan, batches, faults: Faults) -> dict[str, torch.Tensor]:
-    """Forward and backward of every micro-batch of the step; returns the summed loss terms."""
+def accumulate_gradients(run: Run, plan: StepPlan, share: StepPlan, batches,
+                         faults: Faults) -> dict[str, torch.Tensor]:
+    """Forward and backward of this process's micro-batches of the step (`share`: all of them without torchrun);
+    returns the summed loss terms."""
     cfg, step = run.cfg.train, run.progress.step
     samples = run.data.samples
-    # Divide by the token count of the whole step so the gradient does not depend on the split.
+    # Divide by the token count of the whole step so the gradient does not depend on the split (nor, under
+    # torchrun, on the number of processes: every process divides by the whole step's count).
     text_total = sum(samples[i].text_len + 1 for i in plan.samples)
     mel_total = sum(samples[i].code_len + 1 for i in plan.samples)
     totals: dict[str, torch.Tensor] = {}
-    for j, expected in enumerate(plan.micro_batches):
+    for j, expected in enumerate(share.micro_batches):
         host_batch = next(batches)
         if host_batch.indices.tolist() != expected:  # the one invariant everything rests on; checked on the host
             raise RuntimeError(f"data loader returned samples {host_batch.indices.tolist()} instead of {expected}")
@@ -302,9 +331,11 @@ def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str |
     by_lang: dict[str, list[int]] = {}
     for sample in run.val_loader.dataset.samples[:count]:
         by_lang.setdefault(sample.lang or "", []).append(sample.index)
-    chunks = [(lang, ids[i: i + size]) for lang, ids in sorted(by_lang.items()) for i in range(0, len(ids), size)]
+    mine = {lang: run.world.share(ids) for lang, ids in by_lang.items()}  # under torchrun: every N-th sample
+    chunks = [(lang, ids[i: i + size]) for lang, ids in sorted(mine.items()) for i in range(0, len(ids), size)]
     run.model.eval()
     metrics = {lang: StepMetrics() for lang in by_lang}
+    error = None
     try:
         batches = run.val_loader.batches([StepPlan(0, 0, [ids for _, ids in chunks])])
         for (lang, _), batch in zip(chunks, batches):
@@ -313,8 +344,8 @@ def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str |
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
             raise
-        return metrics, oom_message(exc)
-    return metrics, None
+        error = oom_message(exc)
+    return run.world.reduce_validation(metrics, error)  # under torchrun: the sums of all processes
 
 
 def stop_keeping_progress(run: Run, first_step: int, error: Exception, advice: str) -> None:

@@ -45,8 +45,9 @@ class ProbeKey:
 
 
 class ProbeCache:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, writable: bool = True) -> None:
         self.path = run_dir / CACHE_NAME
+        self.writable = writable  # False: another process of the run (torchrun's rank 0) writes it
 
     def lookup(self, key: ProbeKey) -> int | None:
         try:
@@ -58,6 +59,8 @@ class ProbeCache:
         return data["micro_batch"]
 
     def store(self, key: ProbeKey, micro_batch: int, detail: str) -> None:
+        if not self.writable:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomically(self.path, json.dumps({"key": asdict(key), "micro_batch": micro_batch,
                                                      "detail": detail}, indent=2) + "\n")

@@ -37,6 +37,7 @@ class HardwarePlan:
     oom: OomInjector
     tf32: bool = False
     probe: tuple[ProbeCache, ProbeKey] | None = None  # where to record a micro-batch that proved too large
+    world_size: int = 1  # processes under torchrun; the split above is then each process's
 
     @property
     def device(self) -> torch.device:
@@ -57,7 +58,7 @@ class HardwarePlan:
 
     def state_dict(self) -> dict[str, Any]:
         return {"machine": self.hardware.cache_key(), "micro_batch": self.split.micro_batch,
-                "amp_dtype": str(self.amp_dtype), "tf32": self.tf32}
+                "amp_dtype": str(self.amp_dtype), "tf32": self.tf32, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: says what differs from the machine that wrote the checkpoint."""
@@ -67,21 +68,25 @@ class HardwarePlan:
                      self.hardware.cache_key())
         if state["amp_dtype"] != str(self.amp_dtype):
             log.info("mixed precision changed from %s to %s", state["amp_dtype"], self.amp_dtype)
+        if state.get("world_size", 1) != self.world_size:
+            log.info("the checkpoint was written by %d process(es), this run has %d: each step keeps its samples, "
+                     "they are only divided differently", state.get("world_size", 1), self.world_size)
 
 
 def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: list[Sample],
-                  model_fingerprint: str, run_dir: Path) -> HardwarePlan:
+                  model_fingerprint: str, run_dir: Path, write_cache: bool = True) -> HardwarePlan:
+    """The plan of one process; write_cache False: leave the probe cache to another process (torchrun's rank 0)."""
     amp = amp_dtype(hardware, cfg.amp)
     tf32 = configure_device(hardware, cfg.tf32)
     oom = OomInjector.from_env()
-    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom)
+    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache)
     workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
     return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
 
 
 def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
-                 samples: list[Sample], model_fingerprint: str, run_dir: Path,
-                 oom: OomInjector) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+                 samples: list[Sample], model_fingerprint: str, run_dir: Path, oom: OomInjector,
+                 write_cache: bool = True) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
     """The micro-batch split: as given, else probed on this GPU (cached per machine), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
     if given is not None:
@@ -91,7 +96,7 @@ def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: to
     key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
                    grad_checkpointing=cfg.grad_checkpointing, longest_text=max(s.text_len for s in samples),
                    longest_codes=max(s.code_len for s in samples), effective_batch=cfg.effective_batch)
-    cache = ProbeCache(run_dir)
+    cache = ProbeCache(run_dir, writable=write_cache)
     cached = cache.lookup(key)
     if cached is not None:
         return split_for(cfg.effective_batch, cached, f"auto: probed earlier on this machine, {cache.path.name}"), \

@@ -61,8 +61,9 @@ class Resolution:
     branch_of: str | None = None  # a checkpoint of another directory continued here: which run, from where
 
 
-def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str) -> Resolution:
-    settings = merge_settings(cmd, saved, run_dir, machine)
+def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str,
+                world_size: int = 1) -> Resolution:
+    settings = merge_settings(cmd, saved, run_dir, machine, world_size)
     located = locate_inputs(cmd.data_roots, cmd.given, settings, saved, run_dir)  # the run or its data moved
     settings = located.settings
     model_yaml = read_model_yaml(settings.config)
@@ -167,7 +168,8 @@ def check_horizon(cfg: TrainConfig, num_samples: int) -> None:
                     cfg.lr_decay_steps, cfg.learning_rate)
 
 
-def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str) -> TrainConfig:
+def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str,
+                   world_size: int = 1) -> TrainConfig:
     values: dict[str, Any] = {}
     demo = cmd.given.get("demo", bool(saved and saved.settings.get("demo")))
     if demo:
@@ -181,7 +183,7 @@ def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, mach
     if saved:
         values.update({k: v for k, v in saved.settings.items() if k not in HARDWARE_KEYS})
         values.update(_saved_hardware_settings(saved, machine, cmd.given))
-    values.update(_given_batch_split(cmd.given))
+    values.update(_given_batch_split(cmd.given, world_size))
     values = _scaled_learning_rate(cmd, values, saved)
     values["output_dir"] = str(run_dir)
     cfg = TrainConfig.from_dict({k: v for k, v in values.items() if k in FIELD_NAMES})
@@ -208,12 +210,13 @@ def _saved_hardware_settings(saved: SavedRun, machine: str, given: dict[str, Any
     return {}
 
 
-def _given_batch_split(given: dict[str, Any]) -> dict[str, Any]:
+def _given_batch_split(given: dict[str, Any], world_size: int = 1) -> dict[str, Any]:
     """The typed flags, with the batch split completed so it never contradicts the effective batch.
 
     Giving one of --batch-size / --grad-accumulation makes the other one derived (auto), so a
     resumed run may change its split freely. Giving both without --effective-batch sets the
-    effective batch to their product, as in the community trainer.
+    effective batch to their product, as in the community trainer (times the number of processes
+    under torchrun, where the split is each process's).
     """
     given = dict(given)
     micro, accum = given.get("batch_size"), given.get("grad_accumulation")
@@ -222,11 +225,14 @@ def _given_batch_split(given: dict[str, Any]) -> dict[str, Any]:
     if accum is not None and micro is None:
         given["batch_size"] = 0
     if micro and accum:
+        per_step = micro * accum * world_size
+        processes = f" x {world_size} processes" if world_size > 1 else ""
         if "effective_batch" not in given:
-            given["effective_batch"] = micro * accum
-        elif micro * accum != given["effective_batch"]:
-            raise UserError(f"--batch-size {micro} x --grad-accumulation {accum} = {micro * accum} samples per step, "
-                            f"but --effective-batch is {given['effective_batch']}; give two of the three, not all")
+            given["effective_batch"] = per_step
+        elif per_step != given["effective_batch"]:
+            raise UserError(f"--batch-size {micro} x --grad-accumulation {accum}{processes} = {per_step} samples "
+                            f"per step, but --effective-batch is {given['effective_batch']}; give two of the three, "
+                            "not all")
     return given
 
 

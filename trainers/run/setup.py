@@ -6,7 +6,7 @@ manifest or resume costs seconds and never touches an existing run directory's c
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from trainers.run.schedule import plan_schedule
 from trainers.run.run_dir import locate_run, read_saved_run, refuse_another_runs_checkpoint, write_start_files
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
+from trainers.training.distributed import NoLock, World, batch_summary
 from trainers.training.progress import TrainingProgress
 from trainers.training.rng import ProcessRNG
 
@@ -48,7 +49,8 @@ class Run:
     hw: HardwarePlan
     checkpoints: Checkpointer
     total_steps: int  # where this invocation stops: --max-steps or the end of --epochs, whichever is first
-    lock: RunLock
+    lock: RunLock | NoLock
+    world: World = field(default_factory=World)  # the processes of a torchrun job; one without torchrun
 
     @property
     def model(self) -> torch.nn.Module:
@@ -67,22 +69,43 @@ class Run:
             self.lock.release()
 
 
-def setup_run(cmd: CommandLine) -> Run:
+def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
+    world = world or World()
+    # torchrun: rank 0 sets itself up first, then the others; all start, from the same place, or none does.
+    try:
+        with world.main_first():
+            run = _locked_run(cmd, world)
+    except BaseException:
+        world.agree_to_start(None)
+        raise
+    try:
+        world.agree_to_start(run)
+        world.attach(run)  # one split for all processes, DDP, rank 0 writes the checkpoints
+    except BaseException:
+        run.close()
+        raise
+    log_summary(run)
+    return run
+
+
+def _locked_run(cmd: CommandLine, world: World) -> Run:
     run_dir, checkpoint = locate_run(cmd)
     saved = read_saved_run(run_dir, checkpoint, cmd.resume)
     if saved and saved.path and cmd.resume not in (None, "auto"):
         refuse_another_runs_checkpoint(run_dir, saved)
-    machine = detect_hardware(pick_device(cmd.given.get("device", "auto")))
-    resolution = resolve_run(cmd, run_dir, saved, machine.cache_key())
-    lock = RunLock(run_dir).acquire()  # before anything in the run directory is changed
+    machine = detect_hardware(world.place(pick_device(cmd.given.get("device", "auto"))))
+    resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
+    # Before anything in the run directory is changed; under torchrun rank 0 alone locks and writes it.
+    lock = RunLock(run_dir).acquire() if world.is_main else NoLock()
     try:
-        return _start_run(cmd, resolution, machine, lock)
+        return _start_run(cmd, resolution, machine, lock, world)
     except BaseException:
         lock.release()
         raise
 
 
-def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock: RunLock) -> Run:
+def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock: RunLock | NoLock,
+               world: World) -> Run:
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
     run_dir = cfg.run_dir
     ckpt = resume.checkpoint if resume else None
@@ -99,15 +122,18 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     saved_schedule = LRSchedule.from_state_dict(ckpt.lr_schedule) if ckpt else None
     schedule = plan_schedule(cfg, saved_schedule, progress.step, total, cmd)
 
-    if resume and resume.damaged:  # every refusal is behind us: move damaged newer checkpoints aside
+    if resume and resume.damaged and world.is_main:  # every refusal is behind us: move damaged newer checkpoints aside
         set_aside(run_dir, list(resume.damaged), resume.path)
     same_device = cfg.train.device in ("auto", cmd.given.get("device"))
-    hardware = machine if same_device else detect_hardware(pick_device(cfg.train.device))
+    hardware = machine if same_device else detect_hardware(world.place(pick_device(cfg.train.device)))
     if cfg.train.deterministic:
         make_deterministic()
     weights = build_weights(cfg, inputs, resume, hardware.device)
-    hw = plan_hardware(cfg.train, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
-                       run_dir)
+    # Under torchrun the split is each process's, of its share of a step.
+    rank_cfg = replace(cfg.train, effective_batch=world.rank_batch(cfg.train.effective_batch))
+    hw = plan_hardware(rank_cfg, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
+                       run_dir, write_cache=world.is_main)
+    hw.world_size = world.size
     optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
     components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
                                   "rng": ProcessRNG(), "run": cfg, "hardware": hw}
@@ -117,15 +143,19 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
-    write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                      cfg.vocab.extended, cfg.train.tokenizer)
+    if world.is_main:
+        write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
+                          cfg.vocab.extended, cfg.train.tokenizer)
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
     background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
-    run = Run(cfg, weights, optim, data, *loaders, progress, hw,
-              Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock)
-    log_summary(run)
-    return run
+    if world.distributed and background:
+        # Every process must learn whether rank 0's write worked before it goes on (see MainRankCheckpoints).
+        log.info("checkpoint saves are synchronous under torchrun: every process waits for rank 0's write")
+        background = False
+    return Run(cfg, weights, optim, data, *loaders, progress, hw,
+               Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock,
+               world)
 
 
 def log_summary(run: Run) -> None:
@@ -142,9 +172,15 @@ def log_summary(run: Run) -> None:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
     log.info("hardware: %s", hw.hardware.describe())
-    log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch, %s order",
-             cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation, hw.split.reason,
-             run.data.steps_per_epoch, cfg.data_order)
+    if run.world.distributed:
+        split = batch_summary(run.world, cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation)
+        log.info("batch: %s (%s; process r takes samples r, r+%d, r+%d, ... of each step); %d steps per epoch, "
+                 "%s order", split, hw.split.reason, run.world.size, 2 * run.world.size, run.data.steps_per_epoch,
+                 cfg.data_order)
+    else:
+        log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch, %s order",
+                 cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation, hw.split.reason,
+                 run.data.steps_per_epoch, cfg.data_order)
     amp_why = ("bf16: supported by this GPU" if hw.amp_dtype == torch.bfloat16 else
                "fp16 with loss scaling: this GPU has no bf16" if hw.amp_dtype == torch.float16 else
                "pass --amp for bf16/fp16 on CUDA" if hw.hardware.is_cuda else "CPU")

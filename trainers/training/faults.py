@@ -10,6 +10,14 @@ Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
 each optionally prefixed with a signal name, e.g. SIGTERM@micro:7:1 (default SIGKILL). SIGKILL is
 real: nothing gets to clean up, as when a cloud machine is preempted.
 
+Under torchrun (several processes) a point may name the process it applies to:
+  rankN/POINT         only the process of rank N (RANK; a single process is rank 0), e.g.
+                      rank1/SIGTERM@step:9 signals rank 1 alone
+  machine/POINT       SIGKILL to torchrun (the parent) and to the process's own process group (torchrun
+                      starts every worker in a session of its own), by every process reaching the point:
+                      the whole job dies there, as when the machine is lost. Refused without torchrun
+Under torchrun every injected signal is announced on stderr first, with the time, for the tests.
+
 Out-of-memory errors are injected the same way, so the recovery path runs on a CPU:
   INDEXTTS_TRAIN_OOM_ABOVE=N  every forward pass of more than N samples (training, validation
                               and the micro-batch probe) raises torch.OutOfMemoryError
@@ -18,11 +26,14 @@ Out-of-memory errors are injected the same way, so the recovery path runs on a C
                               also be "clip" (before unscaling and clipping, no weight changed yet)
                               or "update" (in the optimizer update itself). A third part ":cublas"
                               raises the RuntimeError cuBLAS gives when it cannot allocate instead
+                              (rankN/STEP:J: in the process of rank N only)
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,26 +41,51 @@ import torch
 ENV_VAR = "INDEXTTS_TRAIN_KILL_AT"
 
 
+MACHINE = "machine/"
+
+
+def for_this_process(spec: str) -> str | None:
+    """`rankN/SPEC` is SPEC in the process of rank N (torchrun's RANK) and None elsewhere; other specs apply to all."""
+    head, sep, rest = spec.partition("/")
+    if sep and head.startswith("rank") and head[4:].isdigit():
+        return rest if int(head[4:]) == int(os.environ.get("RANK", "0")) else None
+    return spec
+
+
 @dataclass(frozen=True)
 class KillPoint:
-    points: tuple[tuple[str, int], ...] = ()  # (point, signal number)
+    points: tuple[tuple[str, int, bool], ...] = ()  # (point, signal number, the whole machine)
+    launcher: int | None = None  # torchrun's pid, read at start: once it is gone the parent is someone else
 
     @classmethod
     def from_env(cls) -> "KillPoint":
         points = []
-        for spec in filter(None, (os.environ.get(ENV_VAR) or "").split(",")):
-            name, _, point = spec.rpartition("@")
-            points.append((point, signal.Signals[name].value if name else signal.SIGKILL))
-        return cls(tuple(points))
+        for spec in filter(None, map(for_this_process, (os.environ.get(ENV_VAR) or "").split(","))):
+            machine = spec.startswith(MACHINE)
+            if machine and "RANK" not in os.environ:
+                raise ValueError(f"{ENV_VAR}={spec}: {MACHINE} kills torchrun and its worker's process group; "
+                                 "without torchrun that would be the caller's own")
+            name, _, point = spec.removeprefix(MACHINE).rpartition("@")
+            points.append((point, signal.Signals[name].value if name else signal.SIGKILL, machine))
+        return cls(tuple(points), os.getppid() if any(m for _, _, m in points) else None)
 
     def armed(self, *parts: object) -> bool:
         here = ":".join(str(p) for p in parts)
-        return any(point == here for point, _ in self.points)
+        return any(point == here for point, _, _ in self.points)
 
     def check(self, *parts: object) -> None:
         here = ":".join(str(p) for p in parts)
-        for point, signum in self.points:
+        for point, signum, machine in self.points:
             if point == here:
+                if "RANK" in os.environ:
+                    sys.stderr.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} fault injection: rank "
+                                     f"{os.environ['RANK']} sends {signal.Signals(signum).name} at {here}"
+                                     f"{' to torchrun and itself' if machine else ''}\n")
+                    sys.stderr.flush()
+                if machine:
+                    if os.getppid() == self.launcher:  # not yet killed by another worker
+                        os.kill(self.launcher, signal.SIGKILL)
+                    os.killpg(0, signal.SIGKILL)
                 os.kill(os.getpid(), signum)
 
     def on_checkpoint_event(self, event: str, step: int) -> None:
@@ -68,7 +104,7 @@ class OomInjector:
     @classmethod
     def from_env(cls) -> "OomInjector":
         above = os.environ.get(OOM_ABOVE_VAR)
-        return cls(int(above) if above else None, os.environ.get(OOM_AT_VAR) or None)
+        return cls(int(above) if above else None, for_this_process(os.environ.get(OOM_AT_VAR) or "") or None)
 
     @property
     def active(self) -> bool:

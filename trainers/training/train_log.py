@@ -56,6 +56,15 @@ class StepMetrics:
         self.sums = values if self.sums is None else self.sums + values.to(self.sums.device)
         self.samples += samples
 
+    def as_list(self) -> list[float]:
+        """The sums and the sample count as plain numbers (one synchronisation), e.g. to all-reduce."""
+        return [*(self.sums.tolist() if self.sums is not None else [0.0] * len(_FIELDS)), float(self.samples)]
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> "StepMetrics":
+        """The inverse of `as_list`."""
+        return cls(torch.tensor(values[: len(_FIELDS)], dtype=torch.float64), int(round(values[len(_FIELDS)])))
+
     def merge(self, other: "StepMetrics") -> None:
         if other.sums is not None:
             self.sums = other.sums if self.sums is None else self.sums + other.sums.to(self.sums.device)

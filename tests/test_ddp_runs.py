@@ -1,0 +1,241 @@
+"""Several processes under torchrun train exactly the single-process run (trainers/training/distributed.py).
+
+Every launch is `python -m torch.distributed.run --standalone --nproc_per_node 2 trainers/train_gpt_v2.py`
+on the CPU with gloo, a subprocess costing 5-10 s on 2 cores, so the claims share runs:
+
+* one uninterrupted 2-process run (the reference for bit-identity) against one single-process run;
+* one 2-process run that is killed and resumed three times: the whole machine (torchrun and every
+  worker SIGKILLed) at step 6, SIGTERM to rank 1 alone during step 9, SIGKILL of rank 1 alone after
+  step 11; the last resume must end bit-identical to the 2-process reference;
+* a copy of that run as the machine left it at step 6, continued by one process, then by two with
+  another split and an out-of-memory error injected into rank 1: the single-process steps;
+* an epoch of 17 samples at effective batch 16: the last step has 1 sample for 2 processes.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train_here
+from tests.test_resume_exact import _assert_equal_nested
+
+STEPS = 12
+COMMON = ["--effective-batch", "16", "--max-steps", str(STEPS), "--save-interval", "4", "--val-interval", "0",
+          "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1", "--keep-checkpoints", "10",
+          "--log-interval", "4", "--warmup-steps", "4"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+# A hung collective ends after this many seconds instead of 30 minutes (the backstop the tests must never reach).
+BACKSTOP = {"INDEXTTS_DDP_TIMEOUT_S": "60"}
+
+
+def torchrun(out: Path, *args: str, nproc: int = 2, kill_at: str | None = None, env: dict[str, str] | None = None,
+             timeout: float = 240) -> subprocess.CompletedProcess:
+    """The trainer under torchrun. torchrun starts each worker in a session of its own, so after a
+    timeout its workers are found by parent pid and killed by pid, never left running."""
+    cmd = [*TORCHRUN, str(nproc), str(SCRIPT), "--output-dir", str(out), *args]
+    proc = subprocess.Popen(cmd, env=subprocess_env(kill_at, {**BACKSTOP, **(env or {})}), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        workers = _children(proc.pid)
+        for pid in [*(c for w in workers for c in _children(w)), *workers, proc.pid]:  # loader processes too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun hung for {timeout} s: {' '.join(cmd)}\n{stderr[-5000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def worker_statuses(result: subprocess.CompletedProcess) -> dict[int, int]:
+    """Each rank's exit code, from torchrun's failure report (torchrun itself exits 1 when any worker fails)."""
+    found = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr)
+    return {int(rank): int(code) for rank, code in found}
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    sa, sb = final_state(a), final_state(b)
+    assert sa.step == sb.step == STEPS and (sa.epoch, sa.samples_in_epoch) == (sb.epoch, sb.samples_in_epoch)
+    _assert_equal_nested(sa.model, sb.model, "model")
+    _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
+    assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
+
+
+def history(out: Path, kind: str) -> list[dict]:
+    return [h for h in final_state(out).history if h["kind"] == kind]
+
+
+def assert_close_metrics(a: list[dict], b: list[dict], keys: tuple[str, ...], rel: float) -> None:
+    assert [h["step"] for h in a] == [h["step"] for h in b]
+    for x, y in zip(a, b):
+        for key in keys:
+            assert y[key] == pytest.approx(x[key], rel=rel), f"step {x['step']} {key}: {x[key]} vs {y[key]}"
+
+
+@pytest.fixture(scope="module")
+def single(demo_assets, tmp_path_factory) -> Path:
+    """One process, micro-batch 8 x accumulation 2."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    result = train_here(out, *demo_assets, *COMMON, "--batch-size", "8")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def two(demo_assets, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """Two processes, each micro-batch 8 x accumulation 1; never interrupted."""
+    out = tmp_path_factory.mktemp("two") / "run"
+    result = torchrun(out, *demo_assets, *COMMON, "--batch-size", "8")
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def machine_lost(demo_assets, tmp_path_factory) -> tuple[Path, Path]:
+    """Two processes until the machine dies at step 6 (torchrun and both workers SIGKILLed), and a copy."""
+    out = tmp_path_factory.mktemp("killed") / "run"
+    killed = torchrun(out, *demo_assets, *COMMON, "--batch-size", "8", kill_at="machine/step:6")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert killed.stderr.count("fault injection") == 2  # each worker reached step 6, then the machine was gone
+    assert final_state(out).step == 4
+    from trainers.run.lock import RunLock
+
+    RunLock(out).acquire().release()  # no worker survived to hold the run directory
+    copy = tmp_path_factory.mktemp("copy") / "run"
+    shutil.copytree(out, copy, symlinks=True)
+    return out, copy
+
+
+def test_two_processes_train_the_single_process_steps(single, two):
+    out, result = two
+    assert "batch: world 2 x (micro-batch 8 x accumulation 1) = effective batch 16" in result.stderr
+    assert (out / "sample_ids.tsv").read_text() == (single / "sample_ids.tsv").read_text()
+    assert_close_weights(single, out)
+    # The logged loss sums and token counts are the whole step's: the same values as one process. The
+    # gradient norm is the single-process one (averaged gradients would halve it).
+    assert_close_metrics(history(single, "train"), history(out, "train"),
+                         ("text_loss", "mel_loss", "mel_top1", "grad_norm"), rel=1e-4)
+    # Validation is split between the processes and reduced; on the same weights (step 0) only the order of
+    # the float sums differs.
+    single_val, two_val = history(single, "val"), history(out, "val")
+    assert_close_metrics(single_val[:1], two_val[:1], ("text_loss", "mel_loss", "mel_top1"), rel=1e-6)
+    assert_close_metrics(single_val, two_val, ("text_loss", "mel_loss", "mel_top1"), rel=1e-4)
+    assert final_state(out).sections["hardware"]["world_size"] == 2
+    assert len(list((out / "logs").glob("events.out.tfevents.*"))) == 1  # rank 0 alone writes
+
+
+def test_killed_signalled_and_a_dead_process_resume_bit_identically(demo_assets, two, machine_lost):
+    out = machine_lost[0]
+    # SIGTERM to rank 1 alone while it computes step 9: both stop after step 9 with one checkpoint.
+    stopped = torchrun(out, "--resume", "auto", kill_at="rank1/SIGTERM@micro:9:0")
+    assert worker_statuses(stopped) == {0: 143, 1: 143}, stopped.stderr
+    assert stopped.returncode == 1  # torchrun's own status when any worker exits non-zero
+    assert "[rank 1] received SIGTERM" in stopped.stderr
+    assert "a stop signal reached 1 of 2 processes" in stopped.stderr
+    assert "stopped by signal at step 9" in stopped.stderr
+    assert re.findall(r"saved checkpoint \S+ \(step (\d+)\)", stopped.stderr) == ["8", "9"]  # periodic, then the stop's
+    assert final_state(out).step == 9
+
+    # Rank 1 SIGKILLed after step 11: rank 0 stops at its next collective, long before the backstop.
+    lost = torchrun(out, "--resume", "auto", kill_at="rank1/step:11")
+    ended = time.time()
+    statuses = worker_statuses(lost)
+    assert statuses[1] == -signal.SIGKILL and statuses[0] != 0, lost.stderr
+    assert "lost contact with the other processes" in lost.stderr
+    when = re.search(r"(\S+ \S+) fault injection: rank 1 sends SIGKILL at step:11", lost.stderr)
+    assert when, lost.stderr
+    assert ended - time.mktime(time.strptime(when.group(1), "%Y-%m-%d %H:%M:%S")) < 20
+    assert final_state(out).step == 9  # step 12 was never completed by both, so never saved
+
+    resumed = torchrun(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert " WARNING " not in resumed.stderr, resumed.stderr
+    assert_bit_identical(two[0], out)
+
+
+def test_two_then_one_then_two_processes_with_an_out_of_memory_error_on_one(single, machine_lost):
+    out = machine_lost[1]  # two processes until the machine died at step 6; the newest checkpoint is step 4
+    one = train_here(out, "--resume", "auto", kill_at="SIGTERM@micro:8:0")
+    assert one.returncode == 143, one.stderr
+    assert "the checkpoint was written by 2 process(es), this run has 1" in one.stderr
+    assert final_state(out).step == 8
+    # Two processes again, each at 4 x 2; rank 1 runs out of memory in the second micro-batch of step 10, after
+    # the first added its gradients: both redo the step at 2 x 4.
+    two = torchrun(out, "--resume", "auto", "--batch-size", "4", env={"INDEXTTS_TRAIN_OOM_AT": "rank1/10:1"})
+    assert two.returncode == 0, two.stderr
+    assert "world 2 x (micro-batch 4 x accumulation 2) = effective batch 16" in two.stderr
+    assert "the checkpoint was written by 1 process(es), this run has 2" in two.stderr
+    assert "out of memory at step 10 with micro-batch 4 (out of memory in 1 of 2 processes): redoing the step " \
+           "with micro-batch 2 x accumulation 4" in two.stderr
+    assert "[rank 1] out of memory at step 10 with micro-batch 4 (CUDA out of memory (injected" in two.stderr
+    assert (out / "sample_ids.tsv").read_text() == (single / "sample_ids.tsv").read_text()
+    assert_close_weights(single, out)
+
+
+def test_a_last_step_with_fewer_samples_than_processes(demo_assets, tmp_path):
+    flags = list(demo_assets)
+    manifest = Path(flags[flags.index("--train-manifest") + 1])
+    short = manifest.with_name("train17.jsonl")  # beside it: the feature paths are relative to the manifest
+    short.write_text("".join(manifest.read_text().splitlines(keepends=True)[:17]))
+    flags[flags.index("--train-manifest") + 1] = str(short)
+    # 2 epochs of 17 samples: steps of 16, 1, 16, 1 samples. One validation sample: rank 1 validates none.
+    flags += ["--effective-batch", "16", "--epochs", "2", "--lr-decay-steps", "4", "--warmup-steps", "1",
+              "--save-interval", "1", "--val-interval", "0", "--max-val-batches", "1", "--val-batch-size", "1",
+              "--log-sample-ids", "--dropout", "0.1", "--log-interval", "1"]
+    single, out = tmp_path / "single", tmp_path / "two"
+    assert train_here(single, *flags).returncode == 0
+    first = train_here(out, *flags, "--max-steps", "1")
+    assert first.returncode == 0, first.stderr
+    rest = torchrun(out, "--resume", "auto", "--max-steps", "4", timeout=120)
+    assert rest.returncode == 0, rest.stderr
+    ids = (out / "sample_ids.tsv").read_text()
+    assert [len(line.split("\t")[2].split(",")) for line in ids.splitlines()] == [16, 1, 16, 1]
+    assert ids == (single / "sample_ids.tsv").read_text()
+    assert_close_weights(single, out)
+    two_val = [h for h in history(out, "val") if h["step"] != 1]  # less the end of the single-process part
+    assert_close_metrics(history(single, "val"), two_val, ("text_loss", "mel_loss", "mel_top1"), rel=1e-4)
+
+
+def test_a_step_is_divided_by_strided_slices_and_nothing_changes_without_torchrun(monkeypatch):
+    from trainers.data.data_order import StepPlan
+    from trainers.training.distributed import World, batch_summary
+    from trainers.training.faults import for_this_process
+
+    single = World.from_env({})
+    plan = StepPlan(0, 3, [[9, 4, 7], [1, 8, 2], [6]])
+    assert not single.distributed and single.share_plan(plan, 2) is plan and single.rank_batch(16) == 16
+    worlds = [World.from_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r)}) for r in (0, 1)]
+    assert [w.share_plan(plan, 2).micro_batches for w in worlds] == [[[9, 7], [8, 6]], [[4, 1], [2]]]
+    assert [w.share_plan(StepPlan(1, 1, [[5]]), 8).micro_batches for w in worlds] == [[[5]], []]  # rank 1: none
+    assert worlds[1].rank_batch(17) == 9
+    assert batch_summary(worlds[0], 16, 8, 1) == "world 2 x (micro-batch 8 x accumulation 1) = effective batch 16"
+    monkeypatch.setenv("RANK", "1")
+    assert for_this_process("rank1/SIGTERM@step:9") == "SIGTERM@step:9" and for_this_process("rank0/step:9") is None
+    assert for_this_process("save:18:tmp_written") == "save:18:tmp_written"
+    from trainers.run.resolve import _given_batch_split
+
+    # --batch-size and --grad-accumulation are per process: both without --effective-batch, times the processes.
+    assert _given_batch_split({"batch_size": 8, "grad_accumulation": 2}, 2)["effective_batch"] == 32
+    assert _given_batch_split({"batch_size": 8, "grad_accumulation": 2})["effective_batch"] == 16

@@ -1,0 +1,511 @@
+"""Data-parallel training under torchrun: N processes train the single-process run's steps.
+
+    torchrun --nproc_per_node N trainers/train_gpt_v2.py ...      (= python -m torch.distributed.run ...)
+
+torchrun is recognised by the variables it sets (RANK, WORLD_SIZE, LOCAL_RANK). Without them, or
+with a world of one process, `World()` is a single process: every method below is the identity or
+does nothing, so the single-process trainer is unchanged.
+
+How N processes make the single-process step, whatever N and the micro-batch size:
+
+* Samples. Step k takes the samples the single-process run takes (trainers/data/data_order.py).
+  Process r takes the r-th, (r+N)-th, ... of them (a strided slice of the step's list: in the
+  grouped order a step is sorted longest first, so every process gets a similar share of the
+  tokens) and cuts its share into micro-batches of its own size.
+* Loss. Every process divides its summed cross-entropies by the token counts of the *whole* step,
+  which it computes from the manifest lengths of the step's samples (no communication), and the
+  processes' gradients are summed, not averaged (a DDP communication hook that sums). So the
+  gradient is the single-process gradient up to float rounding.
+* Dropout masks are keyed by (seed, step, sample), so a sample gets the same mask on any process.
+* Communication. Every micro-batch runs under DDP's no_sync(): gradients only accumulate
+  locally. Then one forward-backward pass through the DDP wrapper, whose loss is 0 x (the sum of
+  every trained parameter), adds zeros to each gradient; that fires DDP's hooks, so DDP sums the
+  accumulated gradients over the processes once per step, bucket by bucket. A process with no
+  sample in a short last step takes part through the same pass (its gradients are zeros), and so
+  does a process whose micro-batch ran out of memory: nobody waits for anybody.
+* Agreements, each one small all-reduce on the CPU (gloo): after the gradients (out of memory or
+  a bad sample anywhere, and the step's loss sums and token counts, for the log); at every step
+  boundary (a stop signal reached any process); after every checkpoint save (rank 0 writes, every
+  process waits for it and learns whether it worked); after each validation (its sums).
+
+Rank 0 alone holds the run directory's lock and writes anything into it: checkpoints, logs,
+TensorBoard, sample_ids.tsv, run_config.json, the micro-batch probe cache.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from trainers.data.data_order import StepPlan
+from trainers.data.features import FeatureError
+from trainers.errors import (
+    EXIT_DIVERGED, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, CheckpointWriteError, TrainingDiverged, UserError,
+)
+from trainers.hardware.detect import split_for
+from trainers.hardware.oom_recovery import is_out_of_memory, oom_message
+from trainers.training.stop_signals import STOP_SIGNALS, StopRequest, ignore_stop_signals
+from trainers.training.train_log import StepMetrics
+
+log = logging.getLogger("train")
+
+# Every collective waits at most this long for the other processes; past it the process stops
+# (exit 6). It must exceed the longest time one process can legitimately wait for another: rank 0
+# writing a checkpoint while the others wait (minutes for multi-GB files on a slow disk).
+TIMEOUT_VAR = "INDEXTTS_DDP_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800
+
+EXIT_PEER_LOST = 6  # another process of the run failed or stopped answering; nothing more was saved
+
+
+
+class DistributedFailure(Exception):
+    """This process cannot go on with the others (a collective failed, or the gradients of a step
+    could not be summed). Nothing more is saved: the newest complete checkpoint stands."""
+
+    def __init__(self, message: str, exit_status: int = EXIT_PEER_LOST) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+@dataclass
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    broken: bool = False  # a collective failed: the process group must not be used again
+    _started: bool = field(default=False, repr=False)
+    _ddp: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "World":
+        """The process's place in a torchrun job, or a single process when not started by torchrun."""
+        env = dict(os.environ if env is None else env)
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            return cls()
+        try:
+            rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
+            local_rank = int(env.get("LOCAL_RANK", rank))
+            local_size = int(env.get("LOCAL_WORLD_SIZE", size))
+            timeout = float(env.get(TIMEOUT_VAR, DEFAULT_TIMEOUT_S))
+        except ValueError as exc:
+            raise UserError(f"torchrun's RANK / WORLD_SIZE / LOCAL_RANK or {TIMEOUT_VAR} is not a number: {exc}")
+        if not (0 <= rank < size and 0 <= local_rank < local_size) or timeout <= 0:
+            raise UserError(f"inconsistent torchrun environment: RANK {rank}, WORLD_SIZE {size}, LOCAL_RANK "
+                            f"{local_rank}, LOCAL_WORLD_SIZE {local_size}, {TIMEOUT_VAR} {timeout}")
+        return cls(rank, size, local_rank, local_size, timeout)
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # --- joining and leaving ----------------------------------------------------------------
+
+    def start(self) -> "World":
+        """Join the other processes (torchrun's env:// rendezvous); control values travel on gloo,
+        CUDA gradients on NCCL."""
+        if not self.distributed:
+            return self
+        import torch.distributed as dist
+
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s))
+        self._started = True
+        _label_log_lines(self.rank)
+        log.info("world: %d processes (torchrun), this is rank %d (local rank %d of %d); backend %s; a process "
+                 "waits at most %g s for the others (%s)", self.size, self.rank, self.local_rank, self.local_size,
+                 backend, self.timeout_s, TIMEOUT_VAR)
+        return self
+
+    def close(self) -> None:
+        """Leave the process group. From here on the process only exits, with its own status: torchrun
+        SIGTERMs the others as soon as one process exits non-zero (143 after a stop, too), and that
+        signal must not turn a clean stop into a death by SIGTERM."""
+        if self.distributed:
+            ignore_stop_signals()
+        if self._started and not self.broken:
+            import torch.distributed as dist
+
+            self._ddp = None
+            dist.destroy_process_group()
+        self._started = False
+
+    def place(self, device: torch.device) -> torch.device:
+        """Under torchrun each process uses the GPU of its local rank (choose GPUs with CUDA_VISIBLE_DEVICES)."""
+        if not self.distributed or device.type != "cuda":
+            return device
+        if device.index not in (None, self.local_rank) and self.is_main:
+            log.warning("--device %s is not used under torchrun: process r uses cuda:LOCAL_RANK; choose the GPUs "
+                        "with CUDA_VISIBLE_DEVICES", device)
+        if self.local_rank >= torch.cuda.device_count():
+            raise UserError(f"local rank {self.local_rank} has no GPU: this machine has {torch.cuda.device_count()} "
+                            f"CUDA device(s); start at most that many processes per node (--nproc_per_node)")
+        return torch.device("cuda", self.local_rank)
+
+    # --- dividing the work ------------------------------------------------------------------
+
+    def rank_batch(self, effective_batch: int) -> int:
+        """The most samples of a step one process gets."""
+        return math.ceil(effective_batch / self.size)
+
+    def share(self, items: Sequence[Any]) -> list[Any]:
+        """This process's items: every size-th one from the rank-th on."""
+        return list(items[self.rank::self.size]) if self.distributed else list(items)
+
+    def share_plan(self, plan: StepPlan, micro_batch: int) -> StepPlan:
+        """This process's samples of a step (possibly none), cut into micro-batches."""
+        if not self.distributed:
+            return plan
+        mine = self.share(plan.samples)
+        return StepPlan(plan.epoch, plan.step_in_epoch, [mine[i: i + micro_batch]
+                                                         for i in range(0, len(mine), micro_batch)])
+
+    def share_plans(self, plans: list[StepPlan], micro_batch: int) -> list[StepPlan]:
+        return [self.share_plan(p, micro_batch) for p in plans]
+
+    # --- start-up ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def main_first(self) -> Iterator[None]:
+        """Rank 0 runs the body first, the others once it has finished: rank 0 alone changes the run
+        directory during set-up (demo data, leftovers of a killed run, damaged checkpoints moved aside),
+        so the others read what it left, never a directory in the middle of a change."""
+        if not self.distributed:
+            yield
+            return
+        if not self.is_main:
+            if not self._main_ready(True):
+                raise UserError("rank 0 could not start (see its message); nothing was trained")
+            yield
+            return
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(DistributedFailure):
+                self._main_ready(False)
+            raise
+        self._main_ready(True)
+
+    def _main_ready(self, ready: bool) -> bool:
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(ready)], dtype=torch.int64)
+        self._collective(lambda: dist.broadcast(flag, src=0), "start-up")
+        return bool(flag.item())
+
+    def agree_to_start(self, run: Any | None) -> None:
+        """After each process's set-up (`run` None: it failed): all start, from the same place, or none.
+
+        A process that failed says so and re-raises its own error; the others stop with status 2.
+        """
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        here = [0] * 7 if run is None else [1, run.progress.step, run.data.epoch, run.data.samples_in_epoch,
+                                             run.cfg.train.effective_batch, run.cfg.train.seed,
+                                             len(run.data.samples)]
+        mine = torch.tensor(here, dtype=torch.int64)
+        everyone = [torch.zeros_like(mine) for _ in range(self.size)]
+        try:
+            self._collective(lambda: dist.all_gather(everyone, mine), "start-up")
+        except DistributedFailure:
+            if run is None:
+                return  # this process's own error is the one to report
+            raise
+        if run is None:
+            return
+        failed = [r for r, t in enumerate(everyone) if not t[0]]
+        if failed:
+            raise UserError(f"process(es) of rank {', '.join(map(str, failed))} could not start (see their "
+                            "messages); nothing was trained")
+        if any(not torch.equal(t, everyone[0]) for t in everyone):
+            rows = "; ".join(f"rank {r}: step {t[1]}, epoch {t[2]} sample {t[3]}, effective batch {t[4]}, seed "
+                             f"{t[5]}, {t[6]} samples" for r, t in enumerate(everyone))
+            raise UserError("the processes would not continue the same run (" + rows + "). Every node must see the "
+                            "same --output-dir and data at the same paths (shared storage); nothing was trained")
+
+    def attach(self, run: Any) -> None:
+        """One split for all processes (the smallest probed), DDP around the model, rank 0 as writer."""
+        if not self.distributed:
+            return
+        import torch.distributed as dist
+
+        hw = run.hw
+        smallest = self._reduce([hw.split.micro_batch, hw.val_batch], dist.ReduceOp.MIN, "start-up")
+        micro, val_batch = int(smallest[0]), int(smallest[1])
+        if micro != hw.split.micro_batch:
+            hw.split = split_for(self.rank_batch(run.cfg.train.effective_batch), micro,
+                                 f"{hw.split.reason}; the smallest of the processes")
+        hw.val_batch = val_batch
+        effective = run.cfg.train.effective_batch
+        if self.size > effective and self.is_main:
+            log.warning("%d processes for an effective batch of %d: processes %d to %d never get a sample and only "
+                        "wait for the others; use at most %d processes", self.size, effective, effective,
+                        self.size - 1, effective)
+        self._ddp = self._collective(lambda: _wrap(run.model, hw.device), "start-up")
+        run.checkpoints = MainRankCheckpoints(run.checkpoints, self, run.model)
+
+    # --- a step -----------------------------------------------------------------------------
+
+    def accumulating(self) -> contextlib.AbstractContextManager:
+        """Around a step's micro-batches: gradients accumulate locally, nothing is communicated."""
+        return self._ddp.no_sync() if self._ddp is not None else contextlib.nullcontext()
+
+    def sync_gradients(self) -> None:
+        """Sum the accumulated gradients over the processes (every process must call it once per step,
+        also one with no samples and one that ran out of memory: the others wait for it)."""
+        if self._ddp is None:
+            return
+        try:
+            self._ddp().backward()
+        except RuntimeError as exc:
+            self.broken = True
+            if is_out_of_memory(exc):
+                raise DistributedFailure(
+                    f"out of memory while summing the gradients of the processes ({oom_message(exc)}); this cannot "
+                    "be redone with a smaller micro-batch, so every process stops. Free GPU memory or use "
+                    "--grad-checkpointing", EXIT_OUT_OF_MEMORY) from None
+            raise DistributedFailure(_lost("summing the gradients", exc)) from None
+
+    def agree_on_step(self, oom: str | None, bad_sample: FeatureError | None,
+                      metrics: StepMetrics) -> tuple[str | None, StepMetrics]:
+        """After the gradients: did any process run out of memory (all redo the step) or meet a bad
+        sample (all stop)? Also the step's loss sums and token counts over all processes."""
+        if not self.distributed:
+            if bad_sample is not None:
+                raise bad_sample
+            return oom, metrics
+        sums = self._reduce([float(oom is not None), float(bad_sample is not None),
+                             *metrics.as_list()], None, "a step")
+        if sums[1]:
+            raise bad_sample or FeatureError("another process stopped at a bad sample (its message names it)")
+        if sums[0]:
+            return oom or f"out of memory in {int(sums[0])} of {self.size} processes", metrics
+        return None, StepMetrics.from_list(sums[2:])
+
+    def agree_to_stop(self, stop: StopRequest) -> bool:
+        """At a step boundary: did a stop signal reach any process? Then every process stops here.
+
+        Each process contributes what it had received when it got here; a signal arriving later
+        counts at the next boundary, so all processes always decide alike.
+        """
+        if not self.distributed:
+            return stop.requested
+        counts = self._reduce([float(stop.signum == s) for s in STOP_SIGNALS], None, "a step boundary")
+        if not any(counts):
+            return False
+        # The signal most processes received (ties: the lowest number), so all exit with one status.
+        signum = max(STOP_SIGNALS, key=lambda s: (counts[STOP_SIGNALS.index(s)], -s))
+        if stop.signum != signum:
+            stop.signum = signum
+        if self.is_main:
+            log.warning("a stop signal reached %d of %d processes: every process stops at this step boundary",
+                        int(sum(counts)), self.size)
+        return True
+
+    def reduce_validation(self, metrics: dict[str, StepMetrics],
+                          error: str | None) -> tuple[dict[str, StepMetrics], str | None]:
+        """The validation sums of all processes (per language); out of memory anywhere: all redo it."""
+        if not self.distributed:
+            return metrics, error
+        langs = sorted(metrics)
+        flat = [float(error is not None)] + [value for lang in langs for value in metrics[lang].as_list()]
+        sums = self._reduce(flat, None, "validation")
+        if sums[0]:
+            return metrics, error or f"out of memory in {int(sums[0])} of {self.size} processes"
+        width = len(StepMetrics().as_list())
+        return {lang: StepMetrics.from_list(sums[1 + i * width: 1 + (i + 1) * width]) for i, lang in enumerate(langs)}, None
+
+    # --- collectives ------------------------------------------------------------------------
+
+    def _reduce(self, values: Sequence[float], op: Any, what: str) -> list[float]:
+        """All-reduce a few numbers (float64, exact for counts up to 2**53) on the CPU; op None is a sum."""
+        import torch.distributed as dist
+
+        tensor = torch.tensor(list(values), dtype=torch.float64)
+        self._collective(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op), what)
+        return tensor.tolist()
+
+    def _collective(self, call: Any, what: str) -> Any:
+        try:
+            return call()
+        except RuntimeError as exc:  # gloo: "Connection closed by peer"; both backends: a timeout (DistBackendError)
+            self.broken = True
+            raise DistributedFailure(_lost(what, exc)) from None
+
+
+class MainRankCheckpoints:
+    """The run's Checkpointer under torchrun: rank 0 writes with the usual atomic protocol, every
+    process waits until the write has ended and learns whether it worked, so all stop together
+    on a failure. latest.pth can only name a step every process finished: the step's gradient sum
+    needed all of them before rank 0 could update its weights. The same all-reduce compares a
+    fingerprint of every process's weights, which must be identical."""
+
+    def __init__(self, inner: Any, world: World, model: torch.nn.Module) -> None:
+        self.inner = inner
+        self.world = world
+        self.model = model
+
+    def save(self, step: int) -> Any:
+        return self._agreed(lambda: self.inner.save(step), step, "checkpoint")
+
+    def save_best(self, step: int, metric: str, value: float) -> Any:
+        return self._agreed(lambda: self.inner.save_best(step, metric, value), step, "best.pth")
+
+    def _agreed(self, write: Any, step: int, what: str) -> Any:
+        """Rank 0 writes (synchronously: the run sets background saves off under torchrun); every
+        process learns the outcome and checks that all weights agree."""
+        import torch.distributed as dist
+
+        status, error, path = 0, None, None
+        started = time.perf_counter()
+        if self.world.is_main:
+            try:
+                path = write()
+            except CheckpointWriteError as exc:
+                status, error = EXIT_SAVE_FAILED, exc
+            except TrainingDiverged as exc:
+                status, error = EXIT_DIVERGED, exc
+        fingerprint = _weights_fingerprint(self.model)
+        worst, high, low = self.world._reduce([status, fingerprint, -fingerprint], dist.ReduceOp.MAX,
+                                              f"the {what} save of step {step}")
+        if error is not None:
+            raise error
+        if worst == EXIT_SAVE_FAILED:
+            raise CheckpointWriteError(f"rank 0 could not write the {what} of step {step} (see its message); the "
+                                       "previous checkpoint is intact")
+        if worst == EXIT_DIVERGED:
+            raise TrainingDiverged(f"rank 0 did not save step {step}: it holds non-finite values")
+        if high != -low:
+            raise DistributedFailure(f"the processes' weights differ at step {step} (fingerprints {-low!r} to "
+                                     f"{high!r}); this is a bug: step {step} was not saved")
+        if self.world.is_main:
+            log.info("step %d: the %s save held the %d processes for %.3f s", step, what, self.world.size,
+                     time.perf_counter() - started)
+        return path
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class QuietLog:
+    """The training log of processes other than rank 0: the same calls, nothing written."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def validation(self, step: int, by_lang: dict[str, StepMetrics]) -> dict[str, float]:
+        return StepMetrics.total(by_lang.values()).means()
+
+    def train_step(self, *args: Any) -> None:
+        pass
+
+    def flush_interval(self, *args: Any) -> None:
+        pass
+
+    def write_steps(self) -> None:
+        pass
+
+    def scalar(self, *args: Any) -> None:
+        pass
+
+    def sample_ids(self, *args: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NoLock:
+    """What processes other than rank 0 hold: rank 0 alone locks the run directory."""
+
+    def release(self) -> None:
+        pass
+
+
+class _ZeroLoss(torch.nn.Module):
+    """What DDP wraps: a loss of 0 x every trained parameter. Its backward adds zeros to each
+    gradient accumulated under no_sync(), which fires DDP's hooks on every parameter, so DDP sums
+    the accumulated gradients over the processes (its documented no_sync behaviour: they are
+    synchronised in the first forward-backward pass after the context)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self) -> torch.Tensor:
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.stack([p.sum() for p in trained]).sum() * 0.0
+
+
+def _sum_gradients(_state, bucket):  # no annotations: DDP checks that a hook's are its own types
+    """DDP communication hook: the sum over processes (DDP's default divides by their number, and the
+    loss is already normalised by the whole step's tokens)."""
+    import torch.distributed as dist
+
+    future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return future.then(lambda f: f.value()[0])
+
+
+def _wrap(model: torch.nn.Module, device: torch.device) -> Any:
+    from torch.nn.parallel import DistributedDataParallel
+
+    # The model's buffers are constants: no broadcast before each forward (the keyword was renamed in torch 2.13).
+    no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
+                      inspect.signature(DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
+    ddp = DistributedDataParallel(_ZeroLoss(model), device_ids=[device.index] if device.type == "cuda" else None,
+                                  **no_buffer_sync)
+    ddp.register_comm_hook(None, _sum_gradients)
+    return ddp
+
+
+@torch.no_grad()
+def _weights_fingerprint(model: torch.nn.Module) -> float:
+    """A number every process computes alike from identical weights (float64 sums, fixed order)."""
+    total = 0.0
+    for i, p in enumerate(model.parameters()):
+        total += float(p.double().sum()) * (1.0 + (i % 7) / 8)
+    return total
+
+
+def _lost(what: str, exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (f"lost contact with the other processes of this run during {what} ({type(exc).__name__}: {first}). "
+            "Another process failed, was killed or stopped answering (see its messages and torchrun's report); this "
+            "process stops without saving anything more")
+
+
+def _label_log_lines(rank: int) -> None:
+    """Rank 0 logs as a single process does; the others log warnings and errors only, marked with their rank."""
+    if rank == 0:
+        return
+    root = logging.getLogger()
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [rank {rank}] %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+    root.setLevel(logging.WARNING)
+
+
+def batch_summary(world: World, effective_batch: int, micro_batch: int, accumulation: int) -> str:
+    """'world 2 x (micro-batch 8 x accumulation 1) = effective batch 16' (used by the start-up summary)."""
+    covered = world.size * micro_batch * accumulation
+    tail = (f"= effective batch {effective_batch}" if covered == effective_batch else
+            f"covers effective batch {effective_batch} (at most {world.rank_batch(effective_batch)} samples per "
+            "process)")
+    return f"world {world.size} x (micro-batch {micro_batch} x accumulation {accumulation}) {tail}"
+
