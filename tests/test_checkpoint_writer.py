@@ -426,7 +426,7 @@ CHILD = textwrap.dedent(
     from trainers.training.faults import KillPoint
 
     run_dir, kill_point, background, ending = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
-    kill = KillPoint(((kill_point, 9),))  # SIGKILL
+    kill = KillPoint(((kill_point, 9, False),))  # SIGKILL
 
     def on_event(event, step):
         print(f"{event} {step} in {threading.current_thread().name}", flush=True)
