@@ -92,6 +92,9 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(opt, "--mel-loss-weight", d.mel_loss_weight, "weight of the mel cross-entropy (not both weights 0)")
     _num(opt, "--dropout", d.dropout, "embedding and residual dropout")
     _num(opt, "--seed", d.seed, "seed of the data order and dropout masks")
+    opt.add_argument("--dropout-masks", choices=("v1", "v2"),
+                     help=f"dropout mask generator: v2 is faster; runs saved before v2 existed keep v1 "
+                          f"[{d.dropout_masks}]")
     _num(opt, "--train-samples", d.train_samples,
          "train on this many of the manifests' samples, a fixed seed-keyed subset (0: all); a change takes effect "
          "at the next epoch")

@@ -35,6 +35,8 @@ class TrainConfig:
     text_loss_weight: float = 0.2
     mel_loss_weight: float = 0.8
     dropout: float = 0.1
+    # The mask generator of trainers/model/sample_dropout.py; runs saved before v2 have "v1" (LEGACY_VALUES).
+    dropout_masks: str = "v2"
     seed: int = 1234
     # grouped: steps of similar-length samples (little padding); random: plain shuffled steps.
     data_order: str = "grouped"
@@ -84,6 +86,7 @@ LEGACY_VALUES: dict[str, Any] = {
     "freeze_base_vocab": False,  # before the option, every row was trained
     "data_order": "random",  # before length grouping
     "train_samples": 0,  # before subsets: every sample
+    "dropout_masks": "v1",  # before the faster masks: the first generator, kept bit for bit
 }
 
 
@@ -125,7 +128,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
 EXACTNESS_KEYS = (
     "seed", "effective_batch", "learning_rate", "warmup_steps", "lr_decay_steps", "min_lr_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "text_loss_weight",
-    "mel_loss_weight", "dropout", "freeze_base_vocab", "data_order", "train_samples",
+    "mel_loss_weight", "dropout", "dropout_masks", "freeze_base_vocab", "data_order", "train_samples",
 )
 # How this machine runs a step: never carried to another machine (see resolve.py).
 HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "val_batch_size")

@@ -18,7 +18,8 @@ README and both invisible to inference:
 * Dropout. Masks are a pure function of (dropout key of the sample, site, position,
   channel) instead of the global RNG, so they do not depend on the micro-batch a sample
   is in, on interruptions, or on gradient-checkpoint recomputation. Attention-probability
-  dropout is not offered: SDPA draws it from the global RNG per batch.
+  dropout is not offered: SDPA draws it from the global RNG per batch. The masks live in
+  trainers/model/sample_dropout.py, in two versions (`dropout_masks="v1"|"v2"`, see there).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainers.model.layout import PREFIX_LEN
+from trainers.model.sample_dropout import DEFAULT_MASKS, MASK_VERSIONS, PositionHashes, SampleDropout, dropout_keys
 
 
 # The official IndexTTS2 config's values, quoted in messages as examples.
@@ -191,57 +193,21 @@ class LearnedPositionEmbeddings(nn.Module):
         return self.emb(torch.arange(length, device=self.emb.weight.device))
 
 
-# --- dropout masks that depend on the sample, not on the batch ------------------------------
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """Integer mixer on int64 tensors holding values < 2**32.
-
-    Multipliers are below 2**31, so every product stays below 2**63: no signed overflow.
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _MASK32
-    return x ^ (x >> 16)
-
-
-def dropout_keys(seed: int, step: int, sample_indices: torch.Tensor) -> torch.Tensor:
-    """32-bit keys naming each sample's dropout masks for one optimizer step, [B] int64."""
-    idx = sample_indices.to(torch.int64) & _MASK32
-    k = _hash32(torch.full_like(idx, seed & _MASK32))
-    k = _hash32((k + (step & _MASK32) * 0x9E3779B1) & _MASK32)
-    return _hash32((k + idx * 0x85EBCA6B) & _MASK32)
-
-
-class SampleDropout:
-    """Dropout whose mask at (sample, site, position, channel) is a pure function of them."""
-
-    def __init__(self, p: float, keys: torch.Tensor | None, seq_len: int, dim: int, device: torch.device) -> None:
-        self.p = p
-        self.active = p > 0 and keys is not None
-        if self.active:
-            assert keys is not None
-            self.keys = keys.to(device=device, dtype=torch.int64).view(-1, 1, 1)
-            self.cells = torch.arange(seq_len * dim, device=device, dtype=torch.int64).view(1, seq_len, dim)
-            self.threshold = int(p * 2**32)
-
-    def __call__(self, x: torch.Tensor, site: int) -> torch.Tensor:
-        if not self.active:
-            return x
-        site_keys = _hash32((self.keys + site * 0x27D4EB2F) & _MASK32)
-        keep = _hash32((self.cells + site_keys) & _MASK32) >= self.threshold
-        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
-
-
 # --- the model ------------------------------------------------------------------------------
 
 
 class UnifiedVoiceGPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False) -> None:
+    def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False, dropout_masks: str = DEFAULT_MASKS) -> None:
+        """`dropout_masks` picks the mask generator ("v1" or "v2", see trainers/model/sample_dropout.py).
+
+        It is not a GPTConfig field: that dict is fingerprinted, and a new field would fail the
+        resume check of every existing checkpoint. The trainer keeps it in its run settings.
+        """
         super().__init__()
+        if dropout_masks not in MASK_VERSIONS:
+            raise ValueError(f"unknown dropout_masks {dropout_masks!r}; use one of {', '.join(MASK_VERSIONS)}")
+        self.dropout_masks = dropout_masks
+        self._mask_positions = PositionHashes()
         self.cfg = cfg
         self.gradient_checkpointing = gradient_checkpointing
         d = cfg.model_dim
@@ -293,7 +259,8 @@ class UnifiedVoiceGPT(nn.Module):
         p = self.cfg.dropout if self.training else 0.0
         if p > 0 and dropout_keys is None:
             raise ValueError("training with dropout needs dropout_keys (see dropout_keys()); they make masks per sample")
-        drop = SampleDropout(p, dropout_keys, x.shape[1], x.shape[2], x.device)
+        drop = SampleDropout(p, dropout_keys, x.shape[1], x.shape[2], x.device, self.dropout_masks,
+                             self._mask_positions)
         x = drop(x, 0)
         for i, block in enumerate(self.gpt.h):
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():

@@ -241,6 +241,8 @@ def check_values(cfg: TrainConfig) -> None:
     problems = value_problems(cfg.to_dict())
     if cfg.data_order not in ("grouped", "random"):
         problems.append(f"--data-order must be grouped or random, got {cfg.data_order!r}")
+    if cfg.dropout_masks not in ("v1", "v2"):
+        problems.append(f"--dropout-masks must be v1 or v2, got {cfg.dropout_masks!r}")
     if problems:
         raise UserError("\n".join([*problems, "nothing was written; fix these flags (a value saved with the run is "
                                                "replaced by passing its flag)"]))
