@@ -10,6 +10,7 @@ EXIT_USAGE = 2  # bad flags, data, config or run directory
 EXIT_DIVERGED = 3
 EXIT_SAVE_FAILED = 4
 EXIT_OUT_OF_MEMORY = 5
+EXIT_PEER_LOST = 6  # torchrun: another process of the run failed or stopped answering; nothing more was saved
 # A stop signal exits with 128 + its number, the shell convention: 129 SIGHUP, 130 SIGINT, 143 SIGTERM.
 
 
@@ -27,3 +28,12 @@ class LogWriteError(CheckpointWriteError):
 
 class TrainingDiverged(RuntimeError):
     """Weights, optimizer state or a validation loss became non-finite; nothing is saved (exit 3)."""
+
+
+class DistributedFailure(Exception):
+    """This process cannot go on with the others (a collective failed, or the gradients of a step
+    could not be summed). Nothing more is saved: the newest complete checkpoint stands."""
+
+    def __init__(self, message: str, exit_status: int = EXIT_PEER_LOST) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status

@@ -39,15 +39,16 @@ from tqdm import tqdm  # noqa: E402
 from trainers.data.data_order import StepPlan  # noqa: E402
 from trainers.data.features import FeatureError  # noqa: E402
 from trainers.errors import (  # noqa: E402
-    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError, LogWriteError,
-    TrainingDiverged, UserError,
+    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
+    DistributedFailure, LogWriteError, TrainingDiverged, UserError,
 )
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
 )
 from trainers.model.gpt_model import dropout_keys  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
-from trainers.training.distributed import DistributedFailure, QuietLog, World  # noqa: E402
+from trainers.training.distributed import World  # noqa: E402
+from trainers.training.rank_zero import QuietLog  # noqa: E402
 from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
 from trainers.training.faults import Faults  # noqa: E402
 from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402

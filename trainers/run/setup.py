@@ -28,7 +28,8 @@ from trainers.run.schedule import plan_schedule
 from trainers.run.run_dir import locate_run, read_saved_run, refuse_another_runs_checkpoint, write_start_files
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
-from trainers.training.distributed import NoLock, World, batch_summary
+from trainers.training.distributed import World, batch_summary
+from trainers.training.rank_zero import NoLock
 from trainers.training.progress import TrainingProgress
 from trainers.training.rng import ProcessRNG
 
