@@ -258,3 +258,26 @@ def test_split_the_checkpoint_was_written_with(tmp_path, capsys):
     assert code == 0
     assert line(lines, "config:").startswith(
         "config: effective batch 32 (written at micro-batch 4 x 8 on cuda|NVIDIA L4|22528MiB|sm89; requested auto x auto)")
+
+
+def test_the_start_and_every_resume_are_listed_with_what_changed(tmp_path, capsys):
+    """A real run, resumed once with a changed setting: inspect shows both records from the checkpoint."""
+    import shutil
+
+    from tests.demo_runs import train_here
+
+    data = tmp_path / "data"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "v1_run" / "data", data)
+    inputs = ["--train-manifest", str(data / "train.jsonl"), "--tokenizer", str(data / "bpe.model"),
+              "--config", str(data / "tiny.yaml"), "--effective-batch", "4", "--warmup-steps", "1",
+              "--min-lr-ratio", "0.1", "--val-interval", "0"]
+    run = tmp_path / "run"
+    assert train_here(run, *inputs, "--max-steps", "2").returncode == 0
+    assert train_here(run, "--resume", "auto", "--max-steps", "3", "--log-interval", "1").returncode == 0
+    capsys.readouterr()
+    assert main([str(run / "latest.pth")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [ln for ln in lines if ln.startswith(("start:", "resume:"))]
+    assert len(starts) == 2, lines
+    assert starts[0].startswith("start: step 0 ") and starts[0].endswith("nothing changed")
+    assert starts[1].startswith("resume: step 2 ") and "from " in starts[1] and "log_interval" in starts[1], starts[1]

@@ -98,6 +98,8 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         "micro_batch": (c.micro_batch or None) if c else None,
         "hardware": c.machine if c and c.machine != "unknown" else None,
         "last_validation": last_validation(c.history) if c else None,
+        "starts": [{k: e.get(k) for k in ("kind", "step", "time", "machine", "checkpoint", "changes")}
+                   for e in c.history if isinstance(e, dict) and e.get("kind") in ("start", "resume")] if c else [],
         "integrity": c.integrity if c else "no checksums (not a trainer checkpoint)",
         "versions": (c.versions or None) if c else None,
     }
@@ -194,6 +196,11 @@ def vocab_lines(facts: dict[str, Any]) -> list[str]:
         val = dict(facts["last_validation"])
         step = val.pop("step")
         lines.append(f"last validation: step {show(step)} " + " ".join(f"{k} {show(x)}" for k, x in val.items()))
+    for start in facts["starts"]:  # the run's start and every resume, with what changed
+        where = f" from {start['checkpoint']}" if start["checkpoint"] else ""
+        changed = "; ".join(start["changes"] or []) or "nothing changed"
+        lines.append(f"{start['kind']}: step {show(start['step'])} at {start['time']} on {start['machine']}{where}: "
+                     f"{changed}")
     if facts["versions"]:
         lines.append("versions: " + ", ".join(f"{k} {x}" for k, x in facts["versions"].items()))
     return lines

@@ -24,7 +24,7 @@
 #   LANGUAGE            optional: language tag of the manifests' lines (trainer's FILE::LANG)
 #   EXPORT_DIR          optional: export folder (default RUN_DIR/export)
 #   EXPORT_WHICH        optional: best, latest or auto (default auto: best if RUN_DIR has a best.pth,
-#                       the checkpoint with the lowest validation loss, else latest)
+#                       the checkpoint of the best validation by the trainer's --best-metric, else latest)
 #   PYTHON              optional: interpreter (default python3)
 #   TRAIN_UNTIL_DONE_BACKOFF, TRAIN_UNTIL_DONE_MAX_FAILURES: see train_until_done.sh
 #
@@ -66,7 +66,7 @@ if [[ -n ${TARGET_VOCAB_SIZE:-} && ! $TARGET_VOCAB_SIZE =~ ^[1-9][0-9]*$ ]]; the
 fi
 case ${EXPORT_WHICH:=auto} in
     auto) ;;
-    best) [[ -n ${VAL_MANIFEST:-} ]] || problems+=("EXPORT_WHICH=best needs VAL_MANIFEST (the best checkpoint is the one with the lowest validation loss)") ;;
+    best) [[ -n ${VAL_MANIFEST:-} ]] || problems+=("EXPORT_WHICH=best needs VAL_MANIFEST (best.pth is kept by validation, by the trainer's --best-metric)") ;;
     latest) ;;
     *) problems+=("EXPORT_WHICH=$EXPORT_WHICH: expected best, latest or auto") ;;
 esac
@@ -158,7 +158,7 @@ esac
 
 # --- 4. export ------------------------------------------------------------------------------
 if [[ $EXPORT_WHICH == auto ]]; then
-    # best.pth (lowest validation loss) is kept by trainers that validate; older ones have none.
+    # best.pth (best validation by --best-metric) is kept by trainers that validate; older ones have none.
     if [[ -e $RUN_DIR/best.pth ]]; then EXPORT_WHICH=best; else EXPORT_WHICH=latest; fi
 fi
 if [[ -f $REPO/tools/export_checkpoint.py ]]; then
