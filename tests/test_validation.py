@@ -174,6 +174,8 @@ def test_settings_whose_mistake_would_run_away_are_refused_without_a_run(tmp_pat
     ({"start_text_token": 500}, "gpt.start_text_token"),  # outside the text vocabulary
     ({"stop_text_token": -1}, "gpt.stop_text_token"),
     ({"layers": None}, "gpt.layers"),  # missing
+    ({"layrs": 6}, "gpt.layrs is not a setting; did you mean gpt.layers?"),  # a typo next to the real key
+    ({"max_text_token": 400}, "gpt.max_text_token is not a setting; did you mean gpt.max_text_tokens?"),
 ])
 def test_bad_model_config_names_the_config_and_key(tmp_path, user_dir, demo_assets, changes, key):
     config = yaml.safe_load(DEMO_YAML.read_text())
@@ -279,3 +281,18 @@ def test_feature_paths_outside_the_manifest_folder_are_accepted_when_regular_fil
     manifest.write_text(json.dumps(line) + "\n")
     with pytest.raises(ManifestError, match=rf"{manifest}:1: codes_path .*is a directory"):
         load_manifests([ManifestSpec(manifest, None)], limits)
+
+
+def test_an_unknown_gpt_key_unlike_any_setting_is_kept_with_a_warning(tmp_path, demo_assets, caplog):
+    """Upstream's own keys (the conditioning encoders') are read silently; a key nobody reads is named."""
+    from trainers.run.inputs import read_model_yaml
+
+    config = yaml.safe_load(DEMO_YAML.read_text())
+    config["gpt"]["condition_type"] = "conformer_perceiver"
+    config["gpt"]["my_note"] = "v2 voice"
+    path = tmp_path / "extra.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with caplog.at_level("WARNING", logger="train"):
+        assert read_model_yaml(str(path))["gpt"]["my_note"] == "v2 voice"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "gpt.my_note is not a setting" in warned[0], warned

@@ -10,7 +10,8 @@
 Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
 trained); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
 one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
-130 / 143 stopped by SIGINT / SIGTERM after saving a checkpoint at the last optimizer-step boundary.
+6 under torchrun: another process failed; 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
+saving a checkpoint at the last optimizer-step boundary when training had started).
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainers.config.flags import CommandLine, parse_command_line  # noqa: E402
 
-if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
-    import signal
+from trainers.training.stop_signals import EarlySignals  # noqa: E402  (no torch: safe before the imports)
 
-    # Until main() installs its handlers, Ctrl-C ends the start-up quietly instead of with a traceback.
-    signal.signal(signal.SIGINT, lambda signum, frame: sys.exit(128 + signum))
+if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
+    # Until main() installs its handlers, a stop signal is noted and main() ends the start-up quietly.
+    EARLY_SIGNALS = EarlySignals().install()
     COMMAND_LINE = parse_command_line()
 
 import logging  # noqa: E402
@@ -63,16 +64,22 @@ MAX_BAD_STEPS = 5  # consecutive non-finite steps before giving up
 MAX_SKIPPED_FP16 = 25
 
 
-def main(argv: list[str] | None = None, command: CommandLine | None = None) -> int:
+def main(argv: list[str] | None = None, command: CommandLine | None = None,
+         early: EarlySignals | None = None) -> int:
     cmd = command or parse_command_line(argv)
     setup_logging()
     stop = StopRequest().install()
+    if early and early.received:  # a signal during the imports
+        stop.signum = early.received[0]
     faults = Faults.from_env()
     run, world = None, World()
     try:
+        stop.check()
         world = World.from_env().start()  # under torchrun: join the other processes
+        stop.check()
         run = setup_run(cmd, world)
         faults.kill.check("setup")
+        stop.check()
         stop.training = True
         return train(run, stop, faults)
     except UserError as exc:
@@ -360,4 +367,4 @@ def stop_keeping_progress(run: Run, first_step: int, error: Exception, advice: s
 
 
 if __name__ == "__main__":
-    sys.exit(main(command=COMMAND_LINE))
+    sys.exit(main(command=COMMAND_LINE, early=EARLY_SIGNALS))

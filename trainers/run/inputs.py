@@ -5,8 +5,10 @@ flag or manifest costs seconds, never touches a run directory, and is reported a
 """
 from __future__ import annotations
 
+import difflib
+
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +51,30 @@ def read_model_yaml(path: str) -> dict[str, Any]:
         raise UserError(f"--config {path}: no 'gpt' section; pass the IndexTTS2 config.yaml")
     # Checked as soon as it is read: --demo builds its corpus from these values before the model config is.
     # number_text_tokens may be absent: the tokenizer's size replaces it.
-    _raise_config_problems(path, GPTConfig.section_problems(data["gpt"], supplied=("number_text_tokens",)))
+    _raise_config_problems(path, GPTConfig.section_problems(data["gpt"], supplied=("number_text_tokens",))
+                           + _misspelt_keys(data["gpt"]))
     return data
+
+
+# gpt keys of the official config that only inference uses (the conditioning encoders, the mel front end).
+INFERENCE_GPT_KEYS = frozenset({"use_mel_codes_as_input", "mel_length_compression", "train_solo_embeddings",
+                                "condition_type", "condition_module", "emo_condition_module"})
+
+
+def _misspelt_keys(section: dict[str, Any]) -> list[str]:
+    """A gpt key that is neither ours nor upstream's but close to one of ours is a typo that would
+    silently train with the other value (or the default): refused. Other unknown keys are kept, with a warning."""
+    ours = {f.name for f in fields(GPTConfig)}
+    problems = []
+    for key in sorted(set(map(str, section)) - ours - INFERENCE_GPT_KEYS):
+        close = difflib.get_close_matches(key, sorted(ours), n=1, cutoff=0.8)
+        if close:
+            problems.append(f"gpt.{key} is not a setting; did you mean gpt.{close[0]}? (as written, it would be "
+                            f"ignored and the model built with gpt.{close[0]} {section.get(close[0], 'at its default')})")
+        else:
+            log.warning("--config: gpt.%s is not a setting the trainer or IndexTTS2 inference reads; it is kept in "
+                        "the run's config.yaml but has no effect on training. Remove it if it is a typo", key)
+    return problems
 
 
 def _raise_config_problems(path: str, problems: list[str]) -> None:

@@ -1,15 +1,20 @@
 """Turn SIGINT, SIGTERM and SIGHUP into a request to stop at the next optimizer-step boundary.
 
 SIGHUP is what a closing SSH session or studio terminal sends, so it is treated like SIGTERM.
-Before training starts there is nothing to save: a signal stops at once (`StopNow`). During
-training the first signal lets the current step finish, so the trainer can save a checkpoint
-and exit with 128 + the signal number; a second one abandons the step at once (`StopNow`),
-leaving the last complete checkpoint on disk untouched.
+Before training starts there is nothing to save, but raising from a signal handler in the middle
+of an import (torch, numpy, torch.distributed) can leave half-imported modules behind, crash in
+C++ or be swallowed by the import machinery; so during start-up the first signal is only noted
+(`EarlySignals` before the imports, `StopRequest` after them) and start-up stops at its next
+safe point (`StopRequest.check`); a second one stops at once. During training the first signal
+lets the current step finish, so the trainer can save a checkpoint and exit with 128 + the
+signal number; a second one abandons the step at once (`StopNow`), leaving the last complete
+checkpoint on disk untouched.
 """
 from __future__ import annotations
 
 import logging
 import signal
+import os
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -28,6 +33,23 @@ class StopNow(BaseException):
     @property
     def exit_status(self) -> int:
         return 128 + self.signum
+
+
+@dataclass
+class EarlySignals:
+    """Stop signals that arrive before the trainer's imports are done: noted, never raised; a second one exits."""
+
+    received: list[int] = field(default_factory=list)
+
+    def install(self) -> "EarlySignals":
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        if self.received:  # asked twice: nothing was trained or written yet, so leave at once
+            os._exit(128 + signum)
+        self.received.append(signum)
 
 
 @dataclass
@@ -54,10 +76,20 @@ class StopRequest:
     def exit_status(self) -> int:
         return 128 + (self.signum or signal.SIGTERM)
 
+    def check(self) -> None:
+        """A safe point of start-up: stop here if a signal was noted."""
+        if not self.training and self.signum is not None:
+            raise StopNow(self.signum)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if not self.training:
-            raise StopNow(signum)
+            if self.signum is not None:
+                raise StopNow(signum)
+            self.signum = signum
+            log.warning("received %s during start-up: stopping at the next safe point, before training (send it "
+                        "again to stop at once)", name)
+            return
         if self.signum is not None:
             log.warning("second stop signal (%s): abandoning the current step; the last saved checkpoint is intact",
                         name)
