@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import logging
 import math
 import os
@@ -50,6 +49,7 @@ from trainers.errors import EXIT_OUT_OF_MEMORY, DistributedFailure, UserError
 from trainers.hardware.detect import split_for
 from trainers.hardware.oom_recovery import is_out_of_memory, oom_message
 from trainers.training.stop_signals import STOP_SIGNALS, StopRequest, ignore_stop_signals
+from trainers.training.gradient_sum import wrap_for_gradient_sum
 from trainers.training.rank_zero import MainRankCheckpoints
 from trainers.training.train_log import StepMetrics
 
@@ -245,7 +245,7 @@ class World:
             log.warning("%d processes for an effective batch of %d: processes %d to %d never get a sample and only "
                         "wait for the others; use at most %d processes", self.size, effective, effective,
                         self.size - 1, effective)
-        self._ddp = self._collective(lambda: _wrap(run.model, hw.device), "start-up")
+        self._ddp = self._collective(lambda: wrap_for_gradient_sum(run.model, hw.device), "start-up")
         run.checkpoints = MainRankCheckpoints(run.checkpoints, self, run.model)  # rank_zero.py
 
     # --- a step -----------------------------------------------------------------------------
@@ -335,42 +335,6 @@ class World:
         except RuntimeError as exc:  # gloo: "Connection closed by peer"; both backends: a timeout (DistBackendError)
             self.broken = True
             raise DistributedFailure(_lost(what, exc)) from None
-
-
-class _ZeroLoss(torch.nn.Module):
-    """What DDP wraps: a loss of 0 x every trained parameter. Its backward adds zeros to each
-    gradient accumulated under no_sync(), which fires DDP's hooks on every parameter, so DDP sums
-    the accumulated gradients over the processes (its documented no_sync behaviour: they are
-    synchronised in the first forward-backward pass after the context)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self) -> torch.Tensor:
-        trained = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.stack([p.sum() for p in trained]).sum() * 0.0
-
-
-def _sum_gradients(_state, bucket):  # no annotations: DDP checks that a hook's are its own types
-    """DDP communication hook: the sum over processes (DDP's default divides by their number, and the
-    loss is already normalised by the whole step's tokens)."""
-    import torch.distributed as dist
-
-    future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-    return future.then(lambda f: f.value()[0])
-
-
-def _wrap(model: torch.nn.Module, device: torch.device) -> Any:
-    from torch.nn.parallel import DistributedDataParallel
-
-    # The model's buffers are constants: no broadcast before each forward (the keyword was renamed in torch 2.13).
-    no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
-                      inspect.signature(DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
-    ddp = DistributedDataParallel(_ZeroLoss(model), device_ids=[device.index] if device.type == "cuda" else None,
-                                  **no_buffer_sync)
-    ddp.register_comm_hook(None, _sum_gradients)
-    return ddp
 
 
 def _lost(what: str, exc: BaseException) -> str:
