@@ -13,6 +13,7 @@ import yaml
 from tests.demo_runs import train_here
 from tools import export_checkpoint as ex
 from tools.export_checkpoint import main
+from tools.export_contents import expected_group_a
 from trainers.checkpoint import schema
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import CARRIED_PREFIXES, read_state_dict
@@ -128,7 +129,7 @@ def test_gpt_pth_has_exactly_the_upstream_keys(run: Path, base: Path, exported: 
 def test_reference_table_is_what_the_tool_exports_for_the_official_config():
     """At the official size (on the meta device): the tool's group-A keys are the reference table's."""
     cfg = GPTConfig(**OFFICIAL)
-    assert ex.expected_group_a(cfg) == reference_group_a(cfg)
+    assert expected_group_a(cfg) == reference_group_a(cfg)
     assert len(reference_group_a(cfg)) == 5 + 12 * 24 + 8
 
 

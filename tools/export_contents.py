@@ -1,0 +1,244 @@
+"""What an export holds (tools/export_checkpoint.py), read from the source and checked against IndexTTS2 inference.
+
+The tensors of gpt.pth: exactly the keys and shapes upstream's UnifiedVoice loads, group A as the
+config's gpt section shapes it (the model built on the meta device) and the conditioning encoders
+carried from the base checkpoint (group B), cast to the export's dtype. The config.yaml: the run's
+IndexTTS2 config, checked against the checkpoint, with this export's vocabulary and file names.
+The tokenizer: the run's SentencePiece model, checked against the checkpoint's vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import yaml
+
+from trainers.checkpoint import schema
+from trainers.checkpoint.files import CheckpointError, load_checkpoint
+from trainers.errors import UserError
+from trainers.files import file_sha256
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+from trainers.model.vocabulary import tokenizer_size
+from trainers.model.weights import (
+    CARRIED_PREFIXES, MODEL_NAMESPACES, split_state_dict, state_dict_of, strip_module_prefix,
+)
+from tools.export_output import RECORD_NAME
+
+GPT_NAME = "gpt.pth"
+CONFIG_NAME = "config.yaml"
+# GPTConfig fields that decide tensor shapes or token meanings; dropout does not, and the number of
+# text tokens is the run's own (set from the checkpoint).
+STRUCTURE_FIELDS = ("model_dim", "layers", "heads", "max_text_tokens", "max_mel_tokens", "number_mel_codes",
+                    "start_text_token", "stop_text_token", "start_mel_token", "stop_mel_token")
+MAX_LISTED = 12
+
+
+# ---------------------------------------------------------------- what is exported
+
+@dataclass
+class Source:
+    path: Path
+    kind: str  # "trainer", "official" ({"model": sd}) or "raw" (a bare state dict)
+    state: dict[str, torch.Tensor]
+    checkpoint: schema.Checkpoint | None = None
+
+    def describe(self) -> str:
+        if self.checkpoint is None:
+            return f"{self.path} ({'official {model: state dict}' if self.kind == 'official' else 'raw state dict'})"
+        c = self.checkpoint
+        return f"{self.path} (trainer checkpoint, step {c.step}, run {c.run_id or 'unnamed'})"
+
+
+def load_source(path: Path) -> Source:
+    """A trainer checkpoint (through the schema) or an official gpt.pth; tensors are mapped, not read."""
+    try:
+        return _load_source(path, mmap=True)
+    except CheckpointError:
+        pass  # files in torch's legacy (non-zip) format cannot be mapped; a corrupt one fails again below
+    try:
+        return _load_source(path, mmap=False)
+    except CheckpointError as exc:
+        raise UserError(f"{path}: {exc.reason}; pass a checkpoint written by the trainer or an official gpt.pth"
+                        ) from None
+
+
+def _load_source(path: Path, mmap: bool) -> Source:
+    try:
+        ckpt = schema.read(path, mmap=mmap)
+        return Source(path, "trainer", dict(ckpt.model), ckpt)
+    except schema.SchemaError as exc:
+        obj = load_checkpoint(path, mmap=mmap)  # it loaded above; only its contents were not a trainer checkpoint
+        if schema.is_trainer_checkpoint(obj):
+            raise UserError(f"{path}: {exc.reason}") from None
+    state = state_dict_of(obj)
+    if state is None or "text_embedding.weight" not in strip_module_prefix(state)[0]:
+        raise UserError(f"{path}: neither a checkpoint of this trainer nor an IndexTTS2 gpt.pth (no "
+                        "text_embedding.weight state dict)")
+    return Source(path, "official" if isinstance(obj.get("model"), dict) else "raw", state)
+
+
+def expected_group_a(gpt: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the training-path tensors for `gpt`, from the model built on the meta device."""
+    with torch.device("meta"):
+        model = UnifiedVoiceGPT(gpt)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+@dataclass
+class Selection:
+    state: dict[str, torch.Tensor]
+    trained: int
+    carried: int
+    left_out: list[str] = field(default_factory=list)
+
+
+def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Path) -> Selection:
+    """Exactly the keys upstream's UnifiedVoice loads: group A as `gpt` shapes it, then the carried group B."""
+    trained, carried, dropped = split_state_dict(state)
+    expected = expected_group_a(gpt)
+    problems = [f"missing: {k}" for k in expected if k not in trained]
+    problems += [f"{k}: file {tuple(trained[k].shape)}, config {shape}" for k, shape in expected.items()
+                 if k in trained and tuple(trained[k].shape) != shape]
+    problems += [f"not in the model of the config: {k}" for k in trained
+                 if k not in expected and k.startswith(MODEL_NAMESPACES)]
+    if problems:
+        raise UserError("\n".join([f"{source} does not fit the gpt section of the config:", *listed(problems),
+                                   "pass the --config the checkpoint was trained with"]))
+    lacking = [p + "*" for p in CARRIED_PREFIXES if not any(k.startswith(p) for k in carried)]
+    if lacking:
+        raise UserError(f"{source} lacks the conditioning-encoder tensors {', '.join(lacking)}, which IndexTTS2 "
+                        "inference loads strictly: export a checkpoint of a run started with --base-checkpoint "
+                        "(the official gpt.pth), whose tensors the trainer carries into every checkpoint")
+    unknown = [k for k in trained if k not in expected]  # outside the model's namespaces and group B
+    selected = {k: trained[k] for k in expected}
+    selected.update(carried)
+    return Selection(selected, len(expected), len(carried), sorted(dropped + unknown))
+
+
+def cast(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors in `dtype`, integer buffers as they are; each tensor with a storage of its own size."""
+    out = {}
+    for key, t in state.items():
+        if t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        elif not t.is_contiguous() or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone(memory_format=torch.contiguous_format)  # a view would save its whole storage
+        out[key] = t
+    return out
+
+
+# ---------------------------------------------------------------- config and tokenizer
+
+@dataclass
+class Inference:
+    config: dict[str, Any]
+    config_source: Path
+    tokenizer: Path
+    gpt: GPTConfig
+    notes: list[str]
+
+
+def read_yaml(path: Path, hint: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found; {hint}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
+        raise UserError(f"{path}: no 'gpt' section; pass the IndexTTS2 config.yaml the checkpoint was trained with")
+    return data
+
+
+def text_tokens_of(source: Source) -> int:
+    if source.checkpoint is not None:
+        return source.checkpoint.text_tokens
+    return int(strip_module_prefix(source.state)[0]["text_embedding.weight"].shape[0]) - 1
+
+
+def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: Path | None) -> Inference:
+    ckpt, notes = source.checkpoint, []
+    if config_flag is not None:
+        config_path = config_flag
+    elif ckpt is not None:
+        config_path = source.path.parent / CONFIG_NAME
+        if not config_path.is_file():
+            raise UserError(f"no {CONFIG_NAME} beside {source.path} (the trainer writes one into the run directory); "
+                            "pass --config with the IndexTTS2 config the run was trained with (it was started with "
+                            f"--config {ckpt.settings.get('config')})")
+    else:
+        raise UserError(f"{source.path} is an official gpt.pth, which records no config: pass --config with the "
+                        "IndexTTS2 config.yaml that belongs to it")
+    data = read_yaml(config_path, "pass --config with the IndexTTS2 config the checkpoint was trained with")
+    text_tokens = text_tokens_of(source)
+    try:
+        gpt = GPTConfig.from_yaml_section(data["gpt"], number_text_tokens=text_tokens)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{config_path}: {exc}") from None
+    saved = ckpt.model_config if ckpt is not None else {}
+    differ = [f"{k} {data['gpt'].get(k, getattr(gpt, k))!r} (run: {saved[k]!r})" for k in STRUCTURE_FIELDS
+              if k in saved and saved[k] != getattr(gpt, k)]
+    if differ:
+        raise UserError(f"{config_path} is not the config {source.path} was trained with: gpt " + ", ".join(differ)
+                        + "; pass --config with the run's config")
+    configured = data["gpt"].get("number_text_tokens")
+    if configured != text_tokens:
+        notes.append(f"gpt.number_text_tokens set to {text_tokens} (the checkpoint's vocabulary; {config_path.name} "
+                     f"had {configured})")
+    tokenizer = resolve_tokenizer(source, data, config_path, tokenizer_flag)
+    pieces = tokenizer_size(str(tokenizer))
+    if pieces != text_tokens:
+        raise UserError(f"{tokenizer} has {pieces} pieces but {source.path} has {text_tokens} text tokens: it is not "
+                        "the tokenizer of this checkpoint; pass --tokenizer with the one it was trained with")
+    if tokenizer.name in (GPT_NAME, CONFIG_NAME, RECORD_NAME):
+        raise UserError(f"the tokenizer's file name {tokenizer.name} clashes with a file the export writes; "
+                        "rename it (e.g. bpe.model) and pass --tokenizer")
+    return Inference(data, config_path, tokenizer, gpt, notes)
+
+
+def resolve_tokenizer(source: Source, config: dict[str, Any], config_path: Path, flag: Path | None) -> Path:
+    ckpt = source.checkpoint
+    if ckpt is None:
+        bpe = (config.get("dataset") or {}).get("bpe_model")
+        path = flag or (config_path.parent / bpe if bpe else None)
+        if path is None:
+            raise UserError(f"{config_path} names no dataset.bpe_model; pass --tokenizer with the SentencePiece model "
+                            f"of {source.path}")
+        if not path.is_file():
+            raise UserError(f"tokenizer {path} not found; pass --tokenizer with the SentencePiece model of "
+                            f"{source.path}")
+        return path
+    recorded = ckpt.settings.get("tokenizer")
+    expected_sha = ckpt.fingerprints.get("tokenizer")
+    path = flag or (Path(recorded) if recorded else None)
+    if path is None or not path.is_file():
+        what = f"the run's tokenizer {path} (recorded in {source.path}) is missing" if path else \
+            f"{source.path} records no tokenizer"
+        sha = f" (sha256 {expected_sha})" if expected_sha else ""
+        raise UserError(f"{what}; pass --tokenizer PATH with the SentencePiece model the run was trained with{sha}, "
+                        "e.g. after copying it back or if the run directory moved")
+    if expected_sha and file_sha256(path) != expected_sha:
+        raise UserError(f"{path} is not the tokenizer the run was trained with (its sha256 differs from the one "
+                        f"recorded in {source.path}, {expected_sha}); pass --tokenizer with the original file")
+    return path
+
+
+def inference_config(data: dict[str, Any], text_tokens: int, tokenizer_name: str) -> dict[str, Any]:
+    """The config with this export's vocabulary and file names; every other key as it was."""
+    out = dict(data)
+    out["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
+    out["dataset"] = {**(data.get("dataset") or {}), "bpe_model": tokenizer_name}
+    out["gpt_checkpoint"] = GPT_NAME
+    return out
+
+
+
+def listed(items: list[str]) -> list[str]:
+    """`items`, the first MAX_LISTED of them and how many more if there are more."""
+    if len(items) <= MAX_LISTED:
+        return list(items)
+    return [*items[:MAX_LISTED], f"... and {len(items) - MAX_LISTED} more"]
