@@ -25,6 +25,7 @@ if str(TOOLS_DIR) not in sys.path:
 
 import extend_bpe  # noqa: E402
 import retokenize_manifest as rt  # noqa: E402
+from retokenize_front_end import front_end  # noqa: E402
 
 DEMO_GPT = yaml.safe_load((REPO / "checkpoints" / "demo.yaml").read_text())["gpt"]
 DEMO_LIMITS = DataLimits(DEMO_GPT["max_text_tokens"], DEMO_GPT["max_mel_tokens"])
@@ -147,7 +148,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     ("   ", ""),
 ])
 def test_front_end_follows_indextts2(text: str, expected: str) -> None:
-    assert rt.front_end(text) == expected
+    assert front_end(text) == expected
 
 
 # ----------------------------------------------------------------------------- the demo corpus
