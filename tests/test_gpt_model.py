@@ -600,3 +600,40 @@ def test_split_state_dict_official_model_roundtrip():
     sd = model.state_dict()
     trained, carried, dropped = split_state_dict(sd)
     assert set(trained) == set(sd) and carried == {} and dropped == []
+
+
+def test_a_packed_length_from_the_host_gives_the_same_losses():
+    """The trainer reads the packed length from the host copy of the lengths (no GPU sync); the
+    model then skips reading it from the device, with the same result to the bit."""
+    from trainers.model.gpt_model import packed_length
+
+    model = randomized_model().train()
+    batch = make_batch(**LENS, seed=3)
+    keys = dropout_keys(5, 2, torch.arange(4))
+    own = model.loss_sums(**batch, dropout_keys=keys)
+    given = model.loss_sums(**batch, dropout_keys=keys,
+                            packed_len=packed_length(batch["text_lens"], batch["code_lens"]))
+    assert all(torch.equal(own[k], given[k]) for k in own)
+
+
+def test_training_and_validation_never_read_the_packed_length_on_the_device(tmp_path, monkeypatch):
+    import shutil
+    from pathlib import Path
+
+    from tests.demo_runs import train_here
+    from trainers.model import gpt_model
+
+    fallback_calls = []
+    original = gpt_model._read_packed_length
+    monkeypatch.setattr(gpt_model, "_read_packed_length", lambda *a: fallback_calls.append(1) or original(*a))
+    data = tmp_path / "data"
+    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "v1_run" / "data", data)
+    result = train_here(tmp_path / "run", "--train-manifest", str(data / "train.jsonl"), "--val-manifest",
+                        str(data / "val.jsonl"), "--tokenizer", str(data / "bpe.model"), "--config",
+                        str(data / "tiny.yaml"), "--effective-batch", "4", "--batch-size", "2", "--max-steps", "2",
+                        "--warmup-steps", "1", "--min-lr-ratio", "0.1", "--dropout", "0.1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert fallback_calls == []  # every forward of the run (steps and validations) was given the length
+    model = gpt_model.UnifiedVoiceGPT(TINY_GPT).train()
+    model.loss_sums(**make_batch(**LENS, cfg=TINY_GPT), dropout_keys=dropout_keys(0, 0, torch.arange(4)))
+    assert fallback_calls == [1]  # the patch is live: a call without the length reads it

@@ -46,7 +46,7 @@ from trainers.errors import (  # noqa: E402
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
 )
-from trainers.model.gpt_model import dropout_keys  # noqa: E402
+from trainers.model.gpt_model import dropout_keys, packed_length  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
 from trainers.training.distributed import World  # noqa: E402
 from trainers.training.rank_zero import QuietLog  # noqa: E402
@@ -287,12 +287,13 @@ def accumulate_gradients(run: Run, plan: StepPlan, share: StepPlan, batches,
         host_batch = next(batches)
         if host_batch.indices.tolist() != expected:  # the one invariant everything rests on; checked on the host
             raise RuntimeError(f"data loader returned samples {host_batch.indices.tolist()} instead of {expected}")
+        packed_len = packed_length(host_batch.text_lens, host_batch.code_lens)  # from the host copy: no sync
         batch = host_batch.to(run.hw.device, non_blocking=True)
         run.hw.oom.check(len(expected), step + 1, j)
         keys = dropout_keys(cfg.seed, step, batch.indices)
         with autocast_for(run.hw.device, run.hw.amp_dtype):
             sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
-                                       batch.code_lens, dropout_keys=keys)
+                                       batch.code_lens, dropout_keys=keys, packed_len=packed_len)
             loss = cfg.text_loss_weight * sums["text_ce"] / text_total + cfg.mel_loss_weight * sums["mel_ce"] / mel_total
         run.optim.backward(faults.nan.corrupt_loss(loss, step + 1))
         totals = {k: v.detach() + totals[k] if k in totals else v.detach() for k, v in sums.items()}

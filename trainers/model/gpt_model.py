@@ -243,8 +243,15 @@ class UnifiedVoiceGPT(nn.Module):
         code_lens: torch.Tensor,
         dropout_keys: torch.Tensor | None = None,
         layout: str = "packed",
+        packed_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final-normed hidden states at the text and mel input positions: [B,T+2,D], [B,M+2,D]."""
+        """Final-normed hidden states at the text and mel input positions: [B,T+2,D], [B,M+2,D].
+
+        `packed_len`: `packed_length(text_lens, code_lens)`, computed by the caller from the host copy
+        of the lengths, so a GPU run does not wait to read it back from the device (else computed here).
+        """
+        if layout == "packed" and packed_len is None:
+            packed_len = _read_packed_length(text_lens, code_lens)
         b, t2 = text_in.shape
         m2 = mel_in.shape[1]
         speed = self.speed_emb(torch.tensor([1, 0], device=text_in.device)).unsqueeze(0).expand(b, -1, -1)
@@ -252,10 +259,9 @@ class UnifiedVoiceGPT(nn.Module):
         text_e = self.text_embedding(text_in) + self.text_pos_embedding(t2)
         mel_e = self.mel_embedding(mel_in) + self.mel_pos_embedding(m2)
         x = torch.cat([prefix.to(text_e.dtype), text_e, mel_e], dim=1)  # upstream order
-        text_pos, mel_pos = _positions(text_lens, code_lens, t2, m2, layout)
+        text_pos, mel_pos = _positions(text_lens, code_lens, t2, m2, layout, packed_len)
         if layout == "packed":
-            seq_len = int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
-            x = _gather_time(x, _packed_source(text_lens, t2, m2, seq_len))
+            x = _gather_time(x, _packed_source(text_lens, t2, m2, packed_len))
         p = self.cfg.dropout if self.training else 0.0
         if p > 0 and dropout_keys is None:
             raise ValueError("training with dropout needs dropout_keys (see dropout_keys()); they make masks per sample")
@@ -270,11 +276,13 @@ class UnifiedVoiceGPT(nn.Module):
         x = self.gpt.ln_f(x)
         return self.final_norm(_gather_time(x, text_pos)), self.final_norm(_gather_time(x, mel_pos))
 
-    def _teacher_forced(self, condition, emo_vec, text_ids, text_lens, codes, code_lens, dropout_keys, layout):
+    def _teacher_forced(self, condition, emo_vec, text_ids, text_lens, codes, code_lens, dropout_keys, layout,
+                        packed_len=None):
         """Hidden states at every input position plus the targets they predict."""
         text_in, text_tgt = self.text_io(text_ids, text_lens)
         mel_in, mel_tgt = self.mel_io(codes, code_lens)
-        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys, layout)
+        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys, layout,
+                                           packed_len)
         return h_text, h_mel, text_tgt, mel_tgt
 
     def forward(
@@ -308,6 +316,7 @@ class UnifiedVoiceGPT(nn.Module):
         codes: torch.Tensor,
         code_lens: torch.Tensor,
         dropout_keys: torch.Tensor | None = None,
+        packed_len: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Summed (not averaged) cross-entropies and counts over valid targets.
 
@@ -316,7 +325,7 @@ class UnifiedVoiceGPT(nn.Module):
         Heads run on valid positions only, which saves the padded part of the big mel logits.
         """
         h_text, h_mel, text_tgt, mel_tgt = self._teacher_forced(condition, emo_vec, text_ids, text_lens, codes,
-                                                                code_lens, dropout_keys, "packed")
+                                                                code_lens, dropout_keys, "packed", packed_len)
         t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
         text_logits = self.text_head(h_text[t_valid]).float()
         mel_logits = self.mel_head(h_mel[m_valid]).float()
@@ -365,7 +374,19 @@ def _packed_source(text_lens: torch.Tensor, t2: int, m2: int, seq_len: int) -> t
     return torch.where(p < mel_start_packed, p, from_mel).clamp(max=PREFIX_LEN + t2 + m2 - 1)
 
 
-def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor) -> int:
+    """The packed sequence length of a batch: its longest prefix + text + codes, with start and stop
+    tokens. Reading it is a host-device synchronisation when the lengths live on a GPU."""
+    return int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
+
+
+def _read_packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor) -> int:
+    """The model's own reading of the packed length, where the caller did not pass it (a sync on a GPU)."""
+    return packed_length(text_lens, code_lens)
+
+
+def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: int, layout: str,
+               packed_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence positions of the text and mel inputs of every sample in the chosen layout."""
     b = text_lens.shape[0]
     j_text = torch.arange(t2, device=text_lens.device).unsqueeze(0).expand(b, -1)
@@ -374,7 +395,7 @@ def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: in
         return PREFIX_LEN + j_text, PREFIX_LEN + t2 + j_mel
     if layout != "packed":
         raise ValueError(f"unknown layout {layout!r}; use 'packed' or 'upstream'")
-    seq_len = int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
+    seq_len = packed_len if packed_len is not None else _read_packed_length(text_lens, code_lens)
     # Positions past a sample's own length point at padding; their targets are ignored.
     text_pos = (PREFIX_LEN + j_text).clamp(max=seq_len - 1)
     mel_pos = (PREFIX_LEN + text_lens.unsqueeze(1) + 2 + j_mel).clamp(max=seq_len - 1)
@@ -386,4 +407,5 @@ __all__ = [
     "PREFIX_LEN",
     "UnifiedVoiceGPT",
     "dropout_keys",
+    "packed_length",
 ]

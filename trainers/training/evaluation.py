@@ -8,7 +8,7 @@ from typing import ContextManager
 import torch
 
 from trainers.data.features import Batch
-from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.model.gpt_model import UnifiedVoiceGPT, packed_length
 
 
 def autocast_for(device: torch.device, amp_dtype: torch.dtype | None) -> ContextManager:
@@ -19,7 +19,8 @@ def autocast_for(device: torch.device, amp_dtype: torch.dtype | None) -> Context
 def batch_loss_sums(model: UnifiedVoiceGPT, batch: Batch, device: torch.device,
                     amp_dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """Summed text/mel cross-entropies, token counts and correct mel predictions of one batch."""
+    packed_len = packed_length(batch.text_lens, batch.code_lens)  # from the host copy: no sync
     batch = batch.to(device, non_blocking=True)
     with autocast_for(device, amp_dtype):
         return model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
-                               batch.code_lens)
+                               batch.code_lens, packed_len=packed_len)
