@@ -102,6 +102,16 @@ def _collect(content: Mapping[str, Any]) -> tuple[list[tuple[str, torch.Tensor]]
     """(path, tensor) of every tensor, and the digest of every field."""
     tensors: list[tuple[str, torch.Tensor]] = []
     fields: dict[str, str] = {}
+
+    def add(path: str, value: Any) -> None:
+        """A tensor is hashed on its own; anything else is one field (tensors inside it still hashed apart)."""
+        if isinstance(value, torch.Tensor):
+            tensors.append((path, value))
+        else:
+            out = bytearray()
+            _encode(value, path, out, tensors)
+            fields[path] = _digest(bytes(out))
+
     for key, value in _sorted_items(content):
         if key == RECORD_KEY:
             continue
@@ -109,19 +119,9 @@ def _collect(content: Mapping[str, Any]) -> tuple[list[tuple[str, torch.Tensor]]
         if isinstance(value, Mapping):
             fields[f"{name}/"] = _digest(_encode_keys(value))
             for sub, item in _sorted_items(value):
-                path = f"{name}/{_segment(sub)}"
-                if isinstance(item, torch.Tensor):
-                    tensors.append((path, item))
-                else:
-                    out = bytearray()
-                    _encode(item, path, out, tensors)
-                    fields[path] = _digest(bytes(out))
-        elif isinstance(value, torch.Tensor):
-            tensors.append((name, value))
+                add(f"{name}/{_segment(sub)}", item)
         else:
-            out = bytearray()
-            _encode(value, name, out, tensors)
-            fields[name] = _digest(bytes(out))
+            add(name, value)
     return tensors, fields
 
 

@@ -37,7 +37,8 @@ class StopNow(BaseException):
 
 @dataclass
 class EarlySignals:
-    """Stop signals that arrive before the trainer's imports are done: noted, never raised; a second one exits."""
+    """Stop signals that arrive before the trainer's imports are done: noted, never raised; a second one
+    exits with os._exit, since before main() there is no frame that could catch a `StopNow`."""
 
     received: list[int] = field(default_factory=list)
 
