@@ -280,21 +280,22 @@ def mem_available() -> int | None:
     return None
 
 
-def check_room(base: Path, nbytes: int, device: str) -> None:
+def check_room(base: Path, nbytes: int, host_copies: int, what: str) -> None:
+    """Refuse before building anything: disk for two checkpoints (rotation deletes the old file only
+    after the new one is complete) plus 10%; host memory for `host_copies` copies of the state
+    (`what` names them) plus 10% and 1 GB, plus the files themselves when the work dir is in RAM."""
     disk_need = int(2 * nbytes * 1.1)
     free = shutil.disk_usage(base).free
     if free < disk_need:
         raise BenchError(f"not enough disk space in {base}: {free / 1e9:.1f} GB free, {disk_need / 1e9:.1f} GB "
                          f"needed (two checkpoints of {nbytes / 1e9:.1f} GB + 10%); pass a smaller --scale or "
                          f"another --work-dir")
-    # Host memory: the state (on a GPU it is on the device) plus the snapshot, plus the
-    # files themselves when the work dir is a RAM filesystem.
     in_ram = mount_of(base)[1] in RAM_FILESYSTEMS
-    mem_need = int((nbytes if device == "cpu" else 0) * 1.1 + nbytes * 1.1 + (disk_need if in_ram else 0) + 2**30)
+    mem_need = int(host_copies * nbytes * 1.1 + (disk_need if in_ram else 0) + 2**30)
     avail = mem_available()
     if avail is not None and avail < mem_need:
         raise BenchError(f"not enough memory: {avail / 1e9:.1f} GB available, {mem_need / 1e9:.1f} GB needed "
-                         f"(state and its snapshot{', and the files: ' + str(base) + ' is in RAM' if in_ram else ''}); "
+                         f"({what}{', and the files: ' + str(base) + ' is in RAM' if in_ram else ''}); "
                          f"pass a smaller --scale or another --work-dir")
 
 
@@ -309,7 +310,8 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError(f"--work-dir {base} is not an existing directory")
     trained, carried = official_shapes()
     expected = state_bytes(trained, carried, args.scale)
-    check_room(base, expected, args.device)
+    # On a GPU the state lives on the device: the host holds only the snapshot.
+    check_room(base, expected, 2 if args.device == "cpu" else 1, "state and its snapshot")
     print(f"machine: {machine()}")
     print(f"disk: {base} on {filesystem_of(base)}, {shutil.disk_usage(base).free / 1e9:.1f} GB free")
     print(f"start: {time.strftime('%H:%M:%S')} {load_average()}")

@@ -47,17 +47,12 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from benchmarks.save_stall import (  # noqa: E402
-    RAM_FILESYSTEMS, Filler, filesystem_of, load_average, machine, mem_available, mount_of, official_shapes, scaled,
-    state_bytes,
+    BenchError, Filler, check_room, filesystem_of, load_average, machine, official_shapes, scaled, state_bytes,
 )
 from trainers.checkpoint import integrity, schema  # noqa: E402
 from trainers.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from trainers.checkpoint.files import load_checkpoint  # noqa: E402
 from trainers.training.rng import ProcessRNG  # noqa: E402
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 class Fixed:
@@ -122,22 +117,6 @@ def build_sections(scale: float, device: torch.device) -> tuple[dict, int, int]:
     return sections, sum(t.numel() * t.element_size() for t in tensors), len(tensors)
 
 
-def check_room(base: Path, nbytes: int, device: str) -> None:
-    disk_need = int(2 * nbytes * 1.1)
-    free = shutil.disk_usage(base).free
-    if free < disk_need:
-        raise BenchError(f"not enough disk space in {base}: {free / 1e9:.1f} GB free, {disk_need / 1e9:.1f} GB "
-                         f"needed (two checkpoints of {nbytes / 1e9:.1f} GB + 10%); pass a smaller --scale or another "
-                         "--work-dir")
-    in_ram = mount_of(base)[1] in RAM_FILESYSTEMS
-    mem_need = int(nbytes * 1.1 + (disk_need if in_ram else 0) + 2**30)  # the state, then one loaded copy
-    avail = mem_available()
-    if avail is not None and avail < mem_need:
-        raise BenchError(f"not enough memory: {avail / 1e9:.1f} GB available, {mem_need / 1e9:.1f} GB needed (the "
-                         f"state{', and the files: ' + str(base) + ' is in RAM' if in_ram else ''}); "
-                         "pass a smaller --scale or another --work-dir")
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -175,7 +154,8 @@ def run(args: argparse.Namespace) -> None:
     seconds = timed(partial(hashlib.sha256, probe))
     print(f"{integrity.ALGORITHM} on one core: {len(probe) / 1e9 / seconds:.2f} GB/s (256 MB)")
     del probe
-    check_room(base, state_bytes(*official_shapes(), args.scale), args.device)
+    # The state, then one loaded copy at a time.
+    check_room(base, state_bytes(*official_shapes(), args.scale), 1, "the state")
     t0 = time.perf_counter()
     sections, nbytes, count = build_sections(args.scale, device)
     print(f"state: scale {args.scale}, {count} tensors, {nbytes / 1e9:.2f} GB of tensor data on {device}, "
