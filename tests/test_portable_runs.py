@@ -67,6 +67,18 @@ def copy_run(source: Path, target: Path) -> None:
     shutil.rmtree(source)
 
 
+def trained_then_moved(demo_assets: list[str], tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A 4-step run trained with its data in tmp/a, then the run copied to tmp/b and the data moved
+    there: (the run's new directory, the data's old folder, its new folder)."""
+    old_data, new_data = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    flags = copy_data(demo_assets, old_data)
+    assert train_here(tmp_path / "a" / "run", *flags, *COMMON, "--max-steps", "4").returncode == 0
+    run = tmp_path / "b" / "run"
+    copy_run(tmp_path / "a" / "run", run)
+    old_data.rename(new_data)
+    return run, old_data, new_data
+
+
 def pack_main(argv: list[str]) -> int:
     from tools.pack_run import main
 
@@ -130,12 +142,7 @@ def test_moved_demo_run_finds_its_demo_data_inside_the_run_directory(reference, 
 
 @pytest.mark.parametrize("change", ["manifest", "config"])
 def test_a_changed_input_at_the_new_place_is_refused(demo_assets, tmp_path, change):
-    old_data, new_data = tmp_path / "a" / "data", tmp_path / "b" / "data"
-    flags = copy_data(demo_assets, old_data)
-    assert train_here(tmp_path / "a" / "run", *flags, *COMMON, "--max-steps", "4").returncode == 0
-    run = tmp_path / "b" / "run"
-    copy_run(tmp_path / "a" / "run", run)
-    old_data.rename(new_data)
+    run, old_data, new_data = trained_then_moved(demo_assets, tmp_path)
     if change == "manifest":  # one training line fewer: another data set
         lines = (new_data / "train.jsonl").read_text().splitlines(keepends=True)
         (new_data / "train.jsonl").write_text("".join(lines[:-1]))
@@ -159,12 +166,7 @@ def test_a_changed_input_at_the_new_place_is_refused(demo_assets, tmp_path, chan
 
 
 def test_missing_inputs_are_reported_all_at_once_with_the_flags_that_fix_them(demo_assets, tmp_path, capsys):
-    old_data, new_data = tmp_path / "a" / "data", tmp_path / "b" / "data"
-    flags = copy_data(demo_assets, old_data)
-    assert train_here(tmp_path / "a" / "run", *flags, *COMMON, "--max-steps", "4").returncode == 0
-    run = tmp_path / "b" / "run"
-    copy_run(tmp_path / "a" / "run", run)
-    old_data.rename(new_data)
+    run, old_data, new_data = trained_then_moved(demo_assets, tmp_path)
     before = snapshot(run)
 
     wrong = tmp_path / "nowhere"
