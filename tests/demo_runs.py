@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from trainers.model.gpt_model import GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
+V1_RUN = REPO / "tests" / "fixtures" / "v1_run"
 FAULT_VARS = ("INDEXTTS_TRAIN_KILL_AT", "INDEXTTS_TRAIN_OOM_ABOVE", "INDEXTTS_TRAIN_OOM_AT")
 
 
@@ -35,6 +37,14 @@ def demo_flags(root: Path) -> list[str]:
     base = ensure_demo_base(root, GPTConfig.from_yaml_section(gpt))
     return ["--demo", "--train-manifest", str(corpus.train_manifest), "--val-manifest", str(corpus.val_manifest),
             "--tokenizer", str(corpus.tokenizer), "--base-checkpoint", str(base)]
+
+
+def small_corpus_flags(folder: Path) -> list[str]:
+    """A copy of the small corpus of tests/fixtures/v1_run (24 + 8 samples, a 1-layer config) in
+    `folder`, and the flags naming it: for runs of a few seconds that need no demo assets."""
+    shutil.copytree(V1_RUN / "data", folder)
+    return ["--train-manifest", str(folder / "train.jsonl"), "--val-manifest", str(folder / "val.jsonl"),
+            "--tokenizer", str(folder / "bpe.model"), "--config", str(folder / "tiny.yaml")]
 
 
 def subprocess_env(kill_at: str | None = None, env: dict[str, str] | None = None) -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tests.demo_runs import final_state, train_here
+from tests.demo_runs import final_state, small_corpus_flags, train_here
 from trainers.checkpoint import schema
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "v1_run"
@@ -40,12 +40,8 @@ def test_a_format_1_checkpoint_resumes_bit_identically(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(FIXTURE / "model_step4.pth", run / "latest.pth")
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE / "data", data)
     # The saved paths point to where the fixture was made; the same files are passed from here.
-    resumed = train_here(run, "--resume", "auto", "--log-sample-ids", "--train-manifest", str(data / "train.jsonl"),
-                         "--val-manifest", str(data / "val.jsonl"), "--tokenizer", str(data / "bpe.model"),
-                         "--config", str(data / "tiny.yaml"))
+    resumed = train_here(run, "--resume", "auto", "--log-sample-ids", *small_corpus_flags(tmp_path / "data"))
     assert_resumed_to_step_8(resumed, run)
 
 

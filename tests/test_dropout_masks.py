@@ -5,14 +5,12 @@ not by calling the module's helpers, so a drift in the code shows up here.
 """
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.conftest import TINY_GPT
-from tests.demo_runs import train_here
+from tests.demo_runs import small_corpus_flags, train_here
 from tests.test_gpt_model import LENS, assert_close, loss_and_grads, make_batch, randomized_model, select
 from trainers.checkpoint import schema
 from trainers.config.settings import EXACTNESS_KEYS, TrainConfig, saved_settings
@@ -20,7 +18,6 @@ from trainers.model import gpt_model, sample_dropout
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.sample_dropout import DEFAULT_MASKS, SampleDropout, dropout_keys
 
-REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 M32 = 0xFFFFFFFF
 
@@ -318,9 +315,6 @@ def test_no_dropout_in_eval_or_at_zero_rate(version):
 # --- the trainer: new runs get v2, runs saved before v2 keep v1 --------------------------------------
 # (tests/test_checkpoint_compat.py resumes a run saved before v2 existed, dropout 0.1, bit-identically.)
 
-FIXTURE_DATA = REPO / "tests" / "fixtures" / "v1_run" / "data"
-
-
 def test_runs_saved_before_v2_are_read_as_v1():
     assert saved_settings({"dropout": 0.1})["dropout_masks"] == "v1"
     assert saved_settings({"dropout": 0.1, "dropout_masks": "v2"})["dropout_masks"] == "v2"
@@ -328,11 +322,8 @@ def test_runs_saved_before_v2_are_read_as_v1():
 
 
 def test_a_new_run_trains_with_v2_and_a_resume_refuses_to_switch(tmp_path):
-    data = tmp_path / "data"
-    shutil.copytree(FIXTURE_DATA, data)
-    inputs = ["--train-manifest", str(data / "train.jsonl"), "--val-manifest", str(data / "val.jsonl"),
-              "--tokenizer", str(data / "bpe.model"), "--config", str(data / "tiny.yaml"),
-              "--effective-batch", "4", "--dropout", "0.1", "--warmup-steps", "1", "--val-interval", "0"]
+    inputs = [*small_corpus_flags(tmp_path / "data"), "--effective-batch", "4", "--dropout", "0.1",
+              "--warmup-steps", "1", "--val-interval", "0"]
     run = tmp_path / "run"
     first = train_here(run, *inputs, "--max-steps", "2")
     assert first.returncode == 0, first.stderr[-2000:]

@@ -617,21 +617,15 @@ def test_a_packed_length_from_the_host_gives_the_same_losses():
 
 
 def test_training_and_validation_never_read_the_packed_length_on_the_device(tmp_path, monkeypatch):
-    import shutil
-    from pathlib import Path
-
-    from tests.demo_runs import train_here
+    from tests.demo_runs import small_corpus_flags, train_here
     from trainers.model import gpt_model
 
     fallback_calls = []
     original = gpt_model._read_packed_length
     monkeypatch.setattr(gpt_model, "_read_packed_length", lambda *a: fallback_calls.append(1) or original(*a))
-    data = tmp_path / "data"
-    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "v1_run" / "data", data)
-    result = train_here(tmp_path / "run", "--train-manifest", str(data / "train.jsonl"), "--val-manifest",
-                        str(data / "val.jsonl"), "--tokenizer", str(data / "bpe.model"), "--config",
-                        str(data / "tiny.yaml"), "--effective-batch", "4", "--batch-size", "2", "--max-steps", "2",
-                        "--warmup-steps", "1", "--min-lr-ratio", "0.1", "--dropout", "0.1")
+    result = train_here(tmp_path / "run", *small_corpus_flags(tmp_path / "data"), "--effective-batch", "4",
+                        "--batch-size", "2", "--max-steps", "2", "--warmup-steps", "1", "--min-lr-ratio", "0.1",
+                        "--dropout", "0.1")
     assert result.returncode == 0, result.stderr[-2000:]
     assert fallback_calls == []  # every forward of the run (steps and validations) was given the length
     model = gpt_model.UnifiedVoiceGPT(TINY_GPT).train()

@@ -262,14 +262,9 @@ def test_split_the_checkpoint_was_written_with(tmp_path, capsys):
 
 def test_the_start_and_every_resume_are_listed_with_what_changed(tmp_path, capsys):
     """A real run, resumed once with a changed setting: inspect shows both records from the checkpoint."""
-    import shutil
+    from tests.demo_runs import small_corpus_flags, train_here
 
-    from tests.demo_runs import train_here
-
-    data = tmp_path / "data"
-    shutil.copytree(Path(__file__).resolve().parent / "fixtures" / "v1_run" / "data", data)
-    inputs = ["--train-manifest", str(data / "train.jsonl"), "--tokenizer", str(data / "bpe.model"),
-              "--config", str(data / "tiny.yaml"), "--effective-batch", "4", "--warmup-steps", "1",
+    inputs = [*small_corpus_flags(tmp_path / "data"), "--effective-batch", "4", "--warmup-steps", "1",
               "--min-lr-ratio", "0.1", "--val-interval", "0"]
     run = tmp_path / "run"
     assert train_here(run, *inputs, "--max-steps", "2").returncode == 0
