@@ -110,3 +110,34 @@ def test_fp16_loss_scaler_skips_are_counted_and_end_the_run(demo_assets, tmp_pat
     assert f"{MAX_SKIPPED_FP16} steps in a row with non-finite gradients at every loss scale" in caplog.text
     assert run.progress.step == 2 + MAX_SKIPPED_FP16 - 1 and run.optim.scaler.get_scale() < 1  # the last one ended it
     assert final_state(out).step == 2  # nothing saved during the streak
+
+
+def test_a_bad_sample_mid_run_keeps_the_steps_before_it_and_their_scalars(tmp_path):
+    """A codes file with an id out of range, first met at step 3: the run exits 2 after saving step 2,
+    and TensorBoard holds steps 1 and 2 (their scalars are kept on the device between log lines, and
+    a resume from step 2 purges nothing before it)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.demo_runs import small_corpus_flags
+
+    data = tmp_path / "data"
+    flags = [*small_corpus_flags(data), "--effective-batch", "4", "--warmup-steps", "1", "--val-interval", "0",
+             "--log-interval", "10", "--save-interval", "100", "--log-sample-ids"]
+    probe = train_here(tmp_path / "probe", *flags, "--max-steps", "3")
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    steps = [line.split("\t")[2].split(",") for line in (tmp_path / "probe" / "sample_ids.tsv").read_text().splitlines()]
+    targets = [[sample_id.split("__")[0] for sample_id in ids] for ids in steps]
+    bad_target = next(t for t in targets[2] if t not in targets[0] + targets[1])  # first met at step 3
+    codes_path = data / "features" / f"{bad_target}_codes.npy"
+    codes = np.load(codes_path)
+    codes[0] = 10**6
+    np.save(codes_path, codes)
+
+    run = tmp_path / "run"
+    stopped = train_here(run, *flags, "--max-steps", "6")
+    assert stopped.returncode == 2, stopped.stderr[-2000:]
+    assert f"{bad_target}_codes.npy" in stopped.stderr
+    assert schema.read(run / "latest.pth").step == 2
+    events = EventAccumulator(str(run / "logs"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/mel_loss")] == [1, 2]

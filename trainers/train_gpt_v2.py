@@ -143,11 +143,11 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                   run.progress.step, exc, run.checkpoints.newest_name())
         return EXIT_DIVERGED
     except FeatureError as exc:
-        stop_keeping_progress(run, first_step, exc, "fix or drop that sample")
+        stop_keeping_progress(run, tlog, first_step, exc, "fix or drop that sample")
         log.error("(add --allow-config-change to the resume if you edited the training manifest)")
         return EXIT_USAGE
     except OutOfMemoryStop as exc:
-        stop_keeping_progress(run, first_step, exc, "free GPU memory (other processes), use --grad-checkpointing, "
+        stop_keeping_progress(run, tlog, first_step, exc, "free GPU memory (other processes), use --grad-checkpointing, "
                               "or drop the longest samples")
         return EXIT_OUT_OF_MEMORY
     except RuntimeError as exc:
@@ -357,12 +357,13 @@ def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str |
     return run.world.reduce_validation(metrics, error)  # under torchrun: the sums of all processes
 
 
-def stop_keeping_progress(run: Run, first_step: int, error: Exception, advice: str) -> None:
+def stop_keeping_progress(run: Run, tlog: TrainLog, first_step: int, error: Exception, advice: str) -> None:
     """Stopping on an error between steps: the weights and optimizer are still at the last step
-    boundary, so the steps since the last save are kept."""
+    boundary, so the steps since the last save are kept (their scalars too: a resume purges none)."""
     log.error("%s", error)
     run.optim.discard_gradients()
     if run.progress.step > first_step:
+        tlog.write_steps()
         run.checkpoints.save(run.progress.step)
     log.error("%s, then continue with --resume auto --output-dir %s", advice, run.cfg.run_dir)
 
