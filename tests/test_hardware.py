@@ -202,12 +202,22 @@ def _fake_cuda(monkeypatch, gpus: list[_FakeGpu]) -> list:
     # What emulation reports for the current device (a T4): bf16 "supported", but slow.
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     monkeypatch.setattr(torch.cuda, "set_device", set_device_calls.append)
-    for flag in (torch.backends.cuda.matmul, torch.backends.cudnn):
-        monkeypatch.setattr(flag, "allow_tf32", flag.allow_tf32)  # restored after the test
     return set_device_calls
 
 
-def test_bf16_and_tf32_follow_the_chosen_gpus_compute_capability(monkeypatch):
+@pytest.fixture
+def tf32_flags_kept():
+    """The process-wide TF32 switches as they were before the test. Saved and assigned back by hand:
+    they are properties computed by torch, which monkeypatch's undo cannot restore (pytest 9 deletes
+    the attribute instead, and the teardown fails)."""
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    saved = [flag.allow_tf32 for flag in flags]
+    yield
+    for flag, value in zip(flags, saved):
+        flag.allow_tf32 = value
+
+
+def test_bf16_and_tf32_follow_the_chosen_gpus_compute_capability(monkeypatch, tf32_flags_kept):
     calls = _fake_cuda(monkeypatch, [_FakeGpu("Tesla T4", 7, 5), _FakeGpu("NVIDIA A100-SXM4-80GB", 8, 0)])
     t4 = detect_hardware(pick_device("cuda"))
     assert t4.device == torch.device("cuda", 0) and not t4.gpu.bf16 and not t4.gpu.tf32
