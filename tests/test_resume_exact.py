@@ -8,6 +8,7 @@ trainer handles (SIGTERM, SIGINT) and refusals run in this process (tests/demo_r
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -286,6 +287,29 @@ def test_a_checkpoint_of_another_run_is_refused_in_a_directory_that_holds_a_run(
     branch = train_here(tmp_path / "branch", "--resume", str(other / "model_step6.pth"), "--max-steps", "8")
     assert branch.returncode == 0, branch.stderr
     assert final_state(other).step == 7 and final_state(tmp_path / "branch").step == 8
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_checkpoint_copied_in_from_another_run_is_refused(demo_assets, reference, tmp_path):
+    other = tmp_path / "other"
+    assert train_here(other, *demo_assets, *COMMON, "--max-steps", "6", "--seed", "5").returncode == 0
+    ours, theirs = final_state(reference).run_id, final_state(other).run_id
+    for name, keep_run_config in (("latest.pth", True), ("model_step99.pth", True), ("latest.pth", False)):
+        run = tmp_path / f"copy_{name}_{keep_run_config}"
+        subprocess.run(["cp", "-a", str(reference), str(run)], check=True)  # -a: latest.pth stays a hard link
+        # latest.pth replaced, or the other run's file dropped in as the newest step
+        (run / name).unlink(missing_ok=True)
+        shutil.copyfile(other / "model_step6.pth", run / name)
+        if not keep_run_config:  # then the directory's own checkpoints name its run
+            (run / "run_config.json").unlink()
+        before = _files(run)
+        refused = train_here(run, "--resume", "auto", "--max-steps", str(STEPS + 2))
+        assert refused.returncode == 2, refused.stderr
+        assert f"is a checkpoint of run {theirs}, but {run} holds run {ours}" in refused.stderr
+        assert _files(run) == before  # nothing renamed, rewritten or set aside
 
 
 def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, reference, tmp_path):

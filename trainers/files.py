@@ -18,6 +18,15 @@ def write_text_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """The file behind a name (following a symlink): equal for two names of one file; None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

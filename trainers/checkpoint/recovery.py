@@ -29,6 +29,7 @@ from pathlib import Path
 from trainers.checkpoint import schema
 from trainers.checkpoint.files import CheckpointError, CheckpointManager, _fsync_dir
 from trainers.errors import UserError
+from trainers.files import file_identity
 
 log = logging.getLogger("train")
 
@@ -86,21 +87,12 @@ def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
     raise NoIntactCheckpoint("\n".join(lines))
 
 
-def _identity(path: Path) -> tuple[int, int] | None:
-    """The file behind a name (following a symlink), or None if there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
-
-
 def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
     steps = [path for _, path in reversed(manager.step_files())]
     seen: set[tuple[int, int]] = set()
     out = []
     for path in [first, *steps, manager.latest_path()]:
-        ident = _identity(path)
+        ident = file_identity(path)
         if ident is not None and ident not in seen:
             seen.add(ident)
             out.append(path)
@@ -109,14 +101,14 @@ def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
 
 def _described(manager: CheckpointManager, path: Path) -> str:
     """`latest.pth (= model_step40.pth)` for a name shared with a step file, else the name."""
-    twins = [p.name for p in _names_of(manager, _identity(path)) if p != path]
+    twins = [p.name for p in _names_of(manager, file_identity(path)) if p != path]
     return f"{path.name} (= {', '.join(twins)})" if twins else path.name
 
 
 def _names_of(manager: CheckpointManager, ident: tuple[int, int] | None) -> list[Path]:
     """The step files and latest.pth in the run directory that name the file `ident`."""
     names = [path for _, path in manager.step_files()] + [manager.latest_path()]
-    return [p for p in names if ident is not None and _identity(p) == ident]
+    return [p for p in names if ident is not None and file_identity(p) == ident]
 
 
 def set_aside(run_dir: Path, damaged: list[tuple[Path, str]], intact: Path) -> list[Damaged]:
@@ -126,10 +118,10 @@ def set_aside(run_dir: Path, damaged: list[tuple[Path, str]], intact: Path) -> l
     manager, tried = CheckpointManager(run_dir, keep=0), damaged
     # Every name is resolved before anything is renamed or relinked.
     latest = manager.latest_path()
-    latest_ident = _identity(latest)
+    latest_ident = file_identity(latest)
     plan = []
     for path, reason in tried:
-        ident = _identity(path)
+        ident = file_identity(path)
         steps = [p for p in _names_of(manager, ident) if p != latest]
         plan.append((path, reason, ident, steps))
     latest_is_bad = latest_ident is not None and any(ident == latest_ident for _, _, ident, _ in plan)

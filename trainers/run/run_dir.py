@@ -26,7 +26,7 @@ from trainers.checkpoint.recovery import newest_intact
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
-from trainers.files import write_text_atomically
+from trainers.files import file_identity, write_text_atomically
 
 log = logging.getLogger("train")
 
@@ -133,13 +133,16 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
 
 
 def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
-    """`--resume PATH --output-dir DIR`: DIR must hold no run, or the run PATH belongs to.
+    """The checkpoint to continue must belong to the run in `run_dir`, if `run_dir` holds one.
 
-    Mixing two runs' checkpoints in one directory would let a later --resume auto pick the other
-    run's newer file. A checkpoint in DIR itself (an older model_step file) is DIR's own run.
+    From another directory (`--resume PATH --output-dir DIR`): mixing two runs' checkpoints in one
+    directory would let a later --resume auto pick the other run's newer file. Inside `run_dir`
+    (auto, best, or an older model_step file): a file copied in from another run would carry on
+    that run's weights under this run's name, so its identity must be the directory's.
     """
     assert saved.path is not None
     if saved.path.resolve().parent == run_dir.resolve():
+        _refuse_copied_in(run_dir, saved)
         return
     existing = run_identity(run_dir)
     if existing is None or (existing and existing == saved.run_id):
@@ -151,6 +154,52 @@ def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
                     "--resume auto to continue the run that is there (nothing was changed)")
 
 
+def _refuse_copied_in(run_dir: Path, saved: SavedRun) -> None:
+    assert saved.path is not None
+    owner, source = _directory_owner(run_dir, saved.path)
+    if not saved.run_id or owner is None or owner == saved.run_id:
+        return
+    raise UserError(f"{saved.path} is a checkpoint of run {saved.run_id}, but {run_dir} holds run {owner} (named by "
+                    f"{source}): was it copied in from another run? Continuing it here would carry on that run's "
+                    f"weights under this run's name. Move {saved.path.name} out of {run_dir} and resume again (the "
+                    f"newest checkpoint of run {owner} is then used), or continue run {saved.run_id} in a directory of "
+                    "its own with --resume PATH --output-dir NEW_DIR (nothing was changed)")
+
+
+def _directory_owner(run_dir: Path, chosen: Path) -> tuple[str | None, str]:
+    """The run `run_dir` belongs to, and what says so: its run_config.json, or else its other checkpoints
+    when they agree on one identity (None: nothing recorded one)."""
+    recorded = _run_config_identity(run_dir)
+    if recorded:
+        return recorded, RUN_CONFIG_NAME
+    manager = CheckpointManager(run_dir, keep=0)
+    chosen_file = file_identity(chosen)
+    owners: dict[str, list[str]] = {}
+    for path in [p for _, p in manager.step_files()] + [manager.latest_path(), manager.best_path()]:
+        if not path.is_file() or file_identity(path) == chosen_file:
+            continue
+        try:
+            owners.setdefault(schema.read(path, mmap=True).run_id, []).append(path.name)
+        except CheckpointError:
+            continue  # a damaged file names no run
+    owners.pop("", None)
+    if len(owners) != 1:
+        return None, ""
+    (owner, names), = owners.items()
+    return owner, ", ".join(names)
+
+
+def _run_config_identity(run_dir: Path) -> str | None:
+    """The run id in run_config.json ("" if it records none), or None without a readable file."""
+    config = run_dir / RUN_CONFIG_NAME
+    if not config.is_file():
+        return None
+    try:
+        return str(json.loads(config.read_text(encoding="utf-8")).get("run_id") or "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def run_identity(run_dir: Path) -> str | None:
     """The identity of the run in `run_dir` ("" if it has none recorded), or None if it holds no run."""
     newest = newest_checkpoint(run_dir)
@@ -159,13 +208,7 @@ def run_identity(run_dir: Path) -> str | None:
             return schema.read(newest, mmap=True).run_id
         except CheckpointError:
             return ""
-    config = run_dir / RUN_CONFIG_NAME
-    if config.is_file():
-        try:
-            return str(json.loads(config.read_text(encoding="utf-8")).get("run_id") or "")
-        except (OSError, ValueError):
-            return ""
-    return None
+    return _run_config_identity(run_dir)
 
 
 def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str) -> None:

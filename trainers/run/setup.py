@@ -92,7 +92,7 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
 def _locked_run(cmd: CommandLine, world: World) -> Run:
     run_dir, checkpoint = locate_run(cmd)
     saved = read_saved_run(run_dir, checkpoint, cmd.resume)
-    if saved and saved.path and cmd.resume not in (None, "auto"):
+    if saved and saved.path:
         refuse_another_runs_checkpoint(run_dir, saved)
     machine = detect_hardware(world.place(pick_device(cmd.given.get("device", "auto"))))
     resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
