@@ -1,11 +1,17 @@
 """One trainer per run directory: a second one is refused, and a killed one leaves no stale lock."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
+
+import pytest
 
 from tests.demo_runs import REPO, SCRIPT, final_state, subprocess_env, train_here
+from trainers.errors import UserError
+from trainers.run.lock import RunLock
 
 FLAGS = ["--batch-size", "16", "--val-interval", "0", "--max-val-batches", "1", "--log-interval", "1",
          "--save-interval", "1000", "--lr-decay-steps", "400"]
@@ -26,6 +32,11 @@ def test_a_second_trainer_is_refused_and_a_killed_ones_lock_does_not_block(demo_
             assert refused.returncode == 2, refused.stderr
             assert "another trainer is using" in refused.stderr and f"pid {first.pid} on" in refused.stderr
         assert (out / "run_config.json").read_bytes() == config  # the running trainer's settings stand
+        (out / ".trainer.lock").unlink()  # by hand, while the first trainer runs: the directory stays locked
+        refused = train_here(out, "--resume", "auto")
+        assert refused.returncode == 2, refused.stderr
+        assert "another trainer is using" in refused.stderr and ".trainer.lock was deleted" in refused.stderr
+        assert not (out / ".trainer.lock").exists() and (out / "run_config.json").read_bytes() == config
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)
     finally:
@@ -34,3 +45,21 @@ def test_a_second_trainer_is_refused_and_a_killed_ones_lock_does_not_block(demo_
     resumed = train_here(out, "--resume", "auto", "--max-steps", "2")
     assert resumed.returncode == 0, resumed.stderr  # the kernel dropped the dead trainer's lock
     assert "no checkpoint yet" in resumed.stderr and final_state(out).step == 2
+
+
+def test_a_forked_child_does_not_keep_the_run_locked(tmp_path):
+    """Data-loader workers are forked with the trainer's descriptors; a worker outliving its trainer
+    must not hold the run directory."""
+    lock = RunLock(tmp_path / "run").acquire()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child only waits
+        time.sleep(3)
+        os._exit(0)
+    try:
+        with pytest.raises(UserError, match="another trainer is using"):
+            RunLock(tmp_path / "run").acquire()
+        lock.release()  # the trainer ends; its forked child still runs
+        RunLock(tmp_path / "run").acquire().release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)

@@ -1,9 +1,18 @@
 """One trainer per run directory.
 
 Two trainers on one directory overwrite each other's checkpoints and delete each other's
-in-progress files. The trainer holds an OS lock (a POSIX record lock on RUN_DIR/.trainer.lock)
-for as long as it runs. The kernel drops the lock when the process dies, so a SIGKILLed
-trainer never leaves a stale lock behind; data-loading worker processes do not inherit it.
+in-progress files. The trainer holds two OS locks for as long as it runs; the kernel drops both
+when the process dies, so a SIGKILLed trainer never leaves a stale lock behind.
+
+- An flock on the run directory itself: a directory cannot be deleted while it holds files, so
+  this lock cannot be removed from under its holder (a lock file can: `rm .trainer.lock` used to
+  let a second trainer in). flock locks are shared with forked children, so every forked child
+  (the data loader's workers) closes its copy at once: otherwise a worker outliving a killed
+  trainer would keep the run locked.
+- A POSIX record lock on RUN_DIR/.trainer.lock, which also records who holds the run (pid, host,
+  start time) for the refusal message. On network filesystems that do not support flock on a
+  directory (NFS emulates flock with record locks, which need a writable file) this one alone
+  keeps a second trainer out, as before.
 """
 from __future__ import annotations
 
@@ -13,21 +22,52 @@ import json
 import os
 import socket
 import time
+import weakref
 from pathlib import Path
 
 from trainers.errors import UserError
 
 LOCK_NAME = ".trainer.lock"
+_BUSY = (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK)
 
 
 class RunLock:
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
+        self._dir_fd: int | None = None
 
     def acquire(self) -> "RunLock":
+        run_dir = self.path.parent
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise UserError(f"cannot use the run directory {run_dir}: {exc.strerror or exc}; check that it "
+                            "is writable and the disk has space (nothing was trained)") from None
+        try:
+            self._lock_directory()  # first: a refused trainer creates no lock file
+            self._lock_file()
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def _lock_directory(self) -> None:
+        assert self._dir_fd is not None
+        try:
+            fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in _BUSY:
+                raise self._busy(_holder_details(self.path)
+                                 or f"its {LOCK_NAME} was deleted or replaced while it runs") from None
+            os.close(self._dir_fd)  # this filesystem cannot flock a directory: the lock file alone guards it
+            self._dir_fd = None
+            return
+        _close_in_forked_children(self)
+
+    def _lock_file(self) -> None:
+        try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise UserError(f"cannot use the run directory {self.path.parent}: {exc.strerror or exc}; check that it "
@@ -37,26 +77,57 @@ class RunLock:
         except OSError as exc:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
             os.close(fd)
-            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+            if exc.errno not in _BUSY:
                 raise UserError(f"cannot lock the run directory {self.path.parent}: {exc.strerror}") from None
-            raise UserError(f"another trainer is using {self.path.parent} ({_describe(holder)}); two trainers on one "
-                            "run directory would overwrite each other's checkpoints. Wait for it to finish, or stop "
-                            "it (it saves on SIGTERM) and then resume with --resume auto (nothing was changed)") from None
+            raise self._busy(_describe(holder)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
         self._fd = fd
-        return self
+
+    def _busy(self, holder: str) -> UserError:
+        return UserError(f"another trainer is using {self.path.parent} ({holder}); two trainers on one run directory "
+                         "would overwrite each other's checkpoints. Wait for it to finish, or stop it (it saves on "
+                         "SIGTERM) and then resume with --resume auto (nothing was changed)")
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the file drops the lock
-            self._fd = None
+        for name in ("_fd", "_dir_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)  # closing the file drops its lock
+                setattr(self, name, None)
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close the child's copy of the directory lock (the parent keeps holding it)."""
+        if self._dir_fd is not None:
+            try:
+                os.close(self._dir_fd)
+            except OSError:
+                pass
+            self._dir_fd = None
 
 
-def _describe(holder: str) -> str:
+def _close_in_forked_children(lock: RunLock) -> None:
+    ref = weakref.ref(lock)  # the hook stays registered for the process's life; the lock need not
+
+    def after_fork_in_child() -> None:
+        held = ref()
+        if held is not None:
+            held.forget_in_child()
+
+    os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def _holder_details(path: Path) -> str | None:
+    try:
+        return _describe(path.read_text(encoding="utf-8", errors="replace").strip(), default=None)
+    except OSError:
+        return None
+
+
+def _describe(holder: str, default: str | None = "a process that left no details") -> str | None:
     try:
         info = json.loads(holder)
         return f"pid {info['pid']} on {info['host']}, started {info['started']}"
     except (ValueError, KeyError, TypeError):
-        return "a process that left no details"
+        return default
