@@ -335,3 +335,11 @@ def test_a_signal_save_in_the_background_completes_before_exit(demo_assets, tmp_
     stopped = train_here(out, *demo_assets, *COMMON, "--background-saves", kill_at="SIGTERM@micro:7:1")
     assert stopped.returncode == 143, stopped.stderr
     assert final_state(out).step == 7  # written in the writer thread, complete before the trainer exited
+
+
+def test_resume_auto_with_a_misspelt_output_dir_warns_and_names_the_run_beside_it(demo_assets, reference):
+    typo = reference.parent / "runn"
+    started = train_here(typo, "--resume", "auto", *demo_assets, *COMMON, "--max-steps", "1")
+    assert started.returncode == 0, started.stderr  # starting fresh stays possible: cloud scripts always pass auto
+    assert f"WARNING --resume auto: {typo} does not exist, so a NEW run starts there at step 0" in started.stderr
+    assert f"similar names: {reference} (newest checkpoint latest.pth)" in started.stderr

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
@@ -61,8 +62,6 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
     run_dir = Path(given_dir or os.path.abspath(default_dir))
     found = newest_checkpoint(run_dir)
     if cmd.resume == "auto":
-        if found is None:
-            log.info("--resume auto: no checkpoint in %s, starting fresh", run_dir)
         return run_dir, found
     if found is not None:
         raise UserError(
@@ -70,6 +69,36 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
             "or choose another --output-dir (nothing was changed)"
         )
     return run_dir, None
+
+
+def warn_new_run(run_dir: Path) -> None:
+    """`--resume auto` found no run in `run_dir`: it starts one, which is right for a first start (cloud
+    scripts pass --resume auto every time) and wrong after a typo in --output-dir, so say it loudly."""
+    where = "does not exist" if not run_dir.exists() else "holds no checkpoint and no run_config.json"
+    near = similar_runs(run_dir)
+    log.warning("--resume auto: %s %s, so a NEW run starts there at step 0. %s", run_dir, where,
+                f"Runs next to it with similar names: {'; '.join(near)}. If you meant one of them, stop this trainer "
+                "(Ctrl-C) and pass its --output-dir" if near else
+                "If you meant to continue a run, stop this trainer (Ctrl-C) and check --output-dir")
+
+
+def similar_runs(run_dir: Path, limit: int = 3) -> list[str]:
+    """Directories beside `run_dir` whose names are close to its name and that hold a run, described."""
+    try:
+        siblings = [p.name for p in run_dir.parent.iterdir() if p.name != run_dir.name and p.is_dir()]
+    except OSError:
+        return []
+    found = []
+    for name in difflib.get_close_matches(run_dir.name, siblings, n=10, cutoff=0.6):
+        path = run_dir.parent / name
+        newest = newest_checkpoint(path)
+        if newest is not None:
+            found.append(f"{path} (newest checkpoint {newest.name})")
+        elif (path / RUN_CONFIG_NAME).is_file():
+            found.append(f"{path} (no checkpoint yet)")
+        if len(found) == limit:
+            break
+    return found
 
 
 def _best_of(run_dir: Path) -> tuple[Path, Path]:

@@ -25,7 +25,9 @@ from trainers.run.lock import RunLock
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.schedule import plan_schedule
-from trainers.run.run_dir import locate_run, read_saved_run, refuse_another_runs_checkpoint, write_start_files
+from trainers.run.run_dir import (
+    locate_run, read_saved_run, refuse_another_runs_checkpoint, warn_new_run, write_start_files,
+)
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
 from trainers.training.distributed import World, batch_summary
@@ -94,6 +96,8 @@ def _locked_run(cmd: CommandLine, world: World) -> Run:
     saved = read_saved_run(run_dir, checkpoint, cmd.resume)
     if saved and saved.path:
         refuse_another_runs_checkpoint(run_dir, saved)
+    if cmd.resume == "auto" and saved is None and world.is_main:
+        warn_new_run(run_dir)
     machine = detect_hardware(world.place(pick_device(cmd.given.get("device", "auto"))))
     resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
     # Before anything in the run directory is changed; under torchrun rank 0 alone locks and writes it.
