@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import stat
 import struct
 import sys
 import unicodedata
@@ -516,6 +518,19 @@ def test_manifest_format_is_chosen_by_extension(tmp_path: Path) -> None:
         assert extend_bpe.read_lines(tmp_path / name, "--manifests") == ["ሰላም ለዓለም"]
     (tmp_path / "a.txt").write_text("\ufeffone line\n\n  {\"text\": \"x\"}  \n", encoding="utf-8")
     assert extend_bpe.read_lines(tmp_path / "a.txt", "--manifests") == ["one line", '{"text": "x"}']
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_output_files_honour_the_umask(assets: Assets, tmp_path: Path, umask: int, mode: int) -> None:
+    """Like any file a program creates, not 0600 whatever the umask (the temporary file's mode, kept by the rename)."""
+    before = os.umask(umask)
+    try:
+        assert run_tool(extend_args(assets, "bpe", tmp_path, BASE_VOCAB + 100)) == 0
+    finally:
+        os.umask(before)
+    written = sorted(tmp_path.iterdir())
+    assert [p.name for p in written] == ["ext.model", "ext.model.report.json", "ext.vocab"]
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {p.name: oct(mode) for p in written}
 
 
 def test_same_inputs_give_the_same_bytes(assets: Assets, extended: Extended, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import random
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -239,6 +240,18 @@ def test_running_twice_gives_the_same_bytes(assets: Assets, tmp_path: Path, caps
     assert snapshot(tmp_path / "b") == first
     # No temporary files are left behind.
     assert not [name for name in first if Path(name).name.startswith(".")]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_written_files_honour_the_umask(assets: Assets, tmp_path: Path, umask: int, mode: int) -> None:
+    before = os.umask(umask)
+    try:
+        assert run(assets.extended["upper"], [assets.val], tmp_path / "out") == 0
+    finally:
+        os.umask(before)
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert len(written) == len(manifest_rows(assets.val)) + 1
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {oct(mode)}
 
 
 def test_single_character_and_text_field_rules(assets: Assets, tmp_path: Path) -> None:

@@ -47,7 +47,6 @@ import random
 import re
 import struct
 import sys
-import tempfile
 import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -61,6 +60,7 @@ if _HERE not in sys.path:  # run as a script from any cwd, or imported by the te
     sys.path.insert(0, _HERE)
 
 import sp_model_proto as proto  # noqa: E402
+from new_files import create_beside  # noqa: E402
 
 log = logging.getLogger("extend_bpe")
 
@@ -599,8 +599,7 @@ def write_outputs(files: dict[Path, bytes], verify: dict[Path, Callable[[Path], 
     try:
         for path, data in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            staged[path] = Path(tmp_name)
+            fd, staged[path] = create_beside(path)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
