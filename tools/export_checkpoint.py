@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,44 +48,9 @@ from tools.export_contents import (  # noqa: E402
     resolve_inference, select_tensors,
 )
 from tools.export_output import check_output, write_export  # noqa: E402
-from tools.run_files import BEST_NAME, newest_checkpoint, step_checkpoints  # noqa: E402
+from tools.run_files import WHICH_HELP, checkpoint_path  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-STEP = re.compile(r"^(0|[1-9][0-9]*)$")
-
-
-# ---------------------------------------------------------------- which file
-
-def checkpoint_path(target: Path, which: str | None) -> Path:
-    """The checkpoint to export: `target` itself if it is a file, else the one `which` names in the run directory."""
-    if target.is_file():
-        if which is not None:
-            raise UserError(f"--which {which} applies to a run directory; {target} is a file, which is exported "
-                            "as it is")
-        return target
-    if not target.is_dir():
-        raise UserError(f"{target}: no such run directory or checkpoint file")
-    which = which or "latest"
-    if which == "latest":
-        found = newest_checkpoint(target)
-        if found is None:
-            raise UserError(f"{target} holds no checkpoint (no latest.pth or model_step*.pth); is it a run directory "
-                            "of this trainer, and has the run saved its first checkpoint?")
-        return found
-    if which == "best":
-        best = target / BEST_NAME
-        if not best.is_file():
-            raise UserError(f"{target} has no {BEST_NAME}: runs written before the trainer kept the best checkpoint "
-                            "do not have one; export --which latest or --which STEP (a model_step{STEP}.pth) instead")
-        return best
-    if not STEP.match(which):
-        raise UserError(f"--which {which!r}: expected latest, best or a step number such as 4000")
-    steps = step_checkpoints(target)
-    if int(which) not in steps:
-        have = ", ".join(str(s) for s in sorted(steps)) or "none"
-        raise UserError(f"{target} has no model_step{which}.pth (steps kept: {have}; older ones were deleted as "
-                        "--keep-checkpoints allows)")
-    return steps[int(which)]
 
 
 # ---------------------------------------------------------------- the export
@@ -156,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                  "upstream layout, config.yaml and the tokenizer, into --out.")
     parser.add_argument("source", type=Path, help="run directory, a trainer checkpoint (.pth) or an official gpt.pth")
     parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
-    parser.add_argument("--which", help="for a run directory: latest (default), best, or a step number")
+    parser.add_argument("--which", help=WHICH_HELP)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="dtype of the floating tensors (integer buffers are kept); default fp32")
     parser.add_argument("--config", type=Path, help="IndexTTS2 config.yaml (default: the run directory's "
