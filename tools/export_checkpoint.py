@@ -2,16 +2,20 @@
 
     python tools/export_checkpoint.py runs/my_voice --out exports/my_voice [--which latest|best|STEP] [--dtype fp16]
     python tools/export_checkpoint.py runs/my_voice/model_step4000.pth --out exports/step4000
-    python tools/export_checkpoint.py checkpoints/gpt.pth --config checkpoints/config.yaml --out exports/official
+    python tools/export_checkpoint.py runs/my_voice --config ~/IndexTTS2/checkpoints/config.yaml --out exports/my_voice
+    python tools/export_checkpoint.py ~/IndexTTS2/checkpoints/gpt.pth --config ~/IndexTTS2/checkpoints/config.yaml \
+        --out exports/official
 
 Writes into the --out directory:
 
     gpt.pth       {"model": state dict}: the trained tensors (group A) and the conditioning encoders
                   carried from the base checkpoint (group B), nothing else (no optimizer, no run state),
                   readable with torch.load(weights_only=True); --dtype casts the floating tensors
-    config.yaml   the IndexTTS2 config the run was trained with, every section kept, with
-                  gpt.number_text_tokens of this run, dataset.bpe_model naming the copied tokenizer
-                  and gpt_checkpoint naming gpt.pth
+    config.yaml   the full IndexTTS2 config (--config, default: the run directory's copy of the
+                  config the run was trained with), every key kept, with gpt.number_text_tokens of
+                  this run, dataset.bpe_model naming the copied tokenizer and gpt_checkpoint naming
+                  gpt.pth; refused if it lacks a key inference reads (trainers/config/inference_keys.py),
+                  as a trimmed config such as this repository's checkpoints/config.yaml does
     <tokenizer>   a copy of the run's SentencePiece model, under its own file name
     export.json   the record of this export: what was exported and the sha256 of every file written
 
@@ -42,6 +46,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
     sys.path.insert(0, str(REPO_ROOT))
 
+from trainers.config.inference_keys import other_model_files  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from tools.export_contents import (  # noqa: E402
     CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, load_source,
@@ -82,9 +87,9 @@ class Export:
                   f"  config     {out / CONFIG_NAME}",
                   f"  gpt        {out / GPT_NAME}",
                   f"  tokenizer  {out / tok}",
-                  "config.yaml names the other two by file name, like the official one: keep the three together, "
-                  "with the other model files inference needs (s2mel, ...) from your IndexTTS2 checkpoints folder "
-                  "beside them"]
+                  f"config.yaml names every model file by its name in model_dir, like the official one: copy or link "
+                  f"{', '.join(other_model_files(inf.config))} from your IndexTTS2 checkpoints folder into {out}, then use "
+                  f"IndexTTS2(cfg_path=\"{out / CONFIG_NAME}\", model_dir=\"{out}\")"]
         return lines
 
 
@@ -123,8 +128,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--which", help=WHICH_HELP)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="dtype of the floating tensors (integer buffers are kept); default fp32")
-    parser.add_argument("--config", type=Path, help="IndexTTS2 config.yaml (default: the run directory's "
-                                                    "config.yaml; required for an official gpt.pth)")
+    parser.add_argument("--config", type=Path,
+                        help="the full IndexTTS2 config.yaml of your checkpoints folder, with every key inference "
+                             "reads (default: the run directory's config.yaml, the config the run was trained with; "
+                             "required for an official gpt.pth and for a run trained with a trimmed config)")
     parser.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: the one the run recorded; for "
                                                        "an official gpt.pth the config's dataset.bpe_model)")
     return parser.parse_args(argv)
