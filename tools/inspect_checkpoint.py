@@ -11,7 +11,7 @@ checks just that and says ok, corrupt (which tensor or field, or why the file ca
 not verifiable (files of checkpoint formats 1 and 2 and official gpt.pth files carry no checksums);
 exit status 0 for ok and not verifiable, 1 for corrupt, 2 if the file is missing.
 
-The comparison with the base is in tools/base_drift.py.
+The comparison with the base is in tools/base_drift.py, --verify in tools/verify_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from trainers.config.settings import saved_settings  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.model.weights import state_dict_of, strip_module_prefix  # noqa: E402
 from tools.base_drift import LoadedFile, compare_with_base  # noqa: E402
+from tools.verify_checkpoint import render_verify, verify  # noqa: E402
 
 LAYER_KEY = re.compile(r"^gpt\.h\.(\d+)\.")
 
@@ -281,52 +282,6 @@ def inspect(path: Path, base_path: Path | None) -> dict[str, Any]:
     if base_path is not None:
         facts.update(compare_with_base(ck, load_file(base_path, "--base")))
     return facts
-
-
-# ---------------------------------------------------------------- --verify
-
-def verify(path: Path) -> dict[str, Any]:
-    """Whether `path` matches the checksums written with it: {"file", "format", "integrity", "problems"}.
-
-    "integrity" is "ok", "corrupt" or "not verifiable"; "problems" names what failed (each tensor
-    or field that differs, or why the file cannot be read), or why it cannot be verified.
-    """
-    result: dict[str, Any] = {"file": str(path), "format": None}
-    try:
-        obj = load_checkpoint(path)
-    except CheckpointError as exc:
-        if not path.is_file():
-            raise UserError(f"{path}: {exc.reason}") from None
-        return {**result, "integrity": "corrupt", "problems": [exc.reason]}
-    if not schema.is_trainer_checkpoint(obj):
-        return {**result, "integrity": "not verifiable",
-                "problems": ["not a checkpoint of this trainer (an official gpt.pth or a raw state dict): it carries "
-                             "no checksums"]}
-    result["format"] = obj["format"]
-    try:
-        ckpt = schema.parse(obj, path)
-    except schema.UnknownFormat as exc:
-        return {**result, "integrity": "not verifiable", "problems": [exc.reason]}
-    except schema.IntegrityError as exc:
-        return {**result, "integrity": "corrupt", "problems": exc.problems}
-    except CheckpointError as exc:  # loads and matches no checksums, but is not a complete checkpoint
-        return {**result, "integrity": "corrupt", "problems": [exc.reason]}
-    if not ckpt.verified:
-        return {**result, "integrity": "not verifiable",
-                "problems": [f"written before checksums existed (format {ckpt.format_version})"]}
-    return {**result, "integrity": "ok", "problems": []}
-
-
-def render_verify(result: dict[str, Any]) -> list[str]:
-    fmt = f" (format {result['format']})" if result["format"] else ""
-    lines = [f"file: {result['file']}{fmt}"]
-    if result["integrity"] == "ok":
-        return lines + ["integrity: ok (every tensor and field matches the checksums written with it)"]
-    if result["integrity"] == "not verifiable":
-        return lines + [f"integrity: not verifiable: {'; '.join(result['problems'])}"]
-    return lines + [f"integrity: CORRUPT ({len(result['problems'])} problem(s)); resume from an older "
-                    "model_step*.pth, or let --resume auto pick the newest intact one",
-                    *[f"  {p}" for p in result["problems"]]]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
