@@ -26,6 +26,7 @@ from trainers.model.gpt_model import GPTConfig
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
 V1_RUN = REPO / "tests" / "fixtures" / "v1_run"
+INFERENCE_SECTIONS = REPO / "tests" / "fixtures" / "inference_sections.yaml"
 FAULT_VARS = ("INDEXTTS_TRAIN_KILL_AT", "INDEXTTS_TRAIN_OOM_ABOVE", "INDEXTTS_TRAIN_OOM_AT")
 
 
@@ -45,6 +46,16 @@ def small_corpus_flags(folder: Path) -> list[str]:
     shutil.copytree(V1_RUN / "data", folder)
     return ["--train-manifest", str(folder / "train.jsonl"), "--val-manifest", str(folder / "val.jsonl"),
             "--tokenizer", str(folder / "bpe.model"), "--config", str(folder / "tiny.yaml")]
+
+
+def full_config(path: Path, gpt_config: Path = REPO / "checkpoints" / "demo.yaml") -> Path:
+    """A full IndexTTS2 config at `path`, as the official config.yaml is: the gpt section of the trimmed
+    `gpt_config` (the demo's by default) among the other keys inference reads."""
+    sections = yaml.safe_load(INFERENCE_SECTIONS.read_text(encoding="utf-8"))
+    gpt = yaml.safe_load(gpt_config.read_text(encoding="utf-8"))["gpt"]
+    data = {"dataset": sections.pop("dataset"), "gpt": gpt, **sections}
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
 
 
 def subprocess_env(kill_at: str | None = None, env: dict[str, str] | None = None) -> dict[str, str]:

@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
+import yaml
 
-from tests.demo_runs import REPO, final_state, subprocess_env, train_here
+from tests.demo_runs import REPO, final_state, full_config, subprocess_env, train_here
 
 LOOP = REPO / "tools" / "cloud" / "train_until_done.sh"
 NEW_LANGUAGE = REPO / "tools" / "cloud" / "new_language.sh"
@@ -270,7 +271,7 @@ def test_scripts_are_shellcheck_clean():
 # ----------------------------------------------------------------------------- new_language.sh
 
 NEW_LANGUAGE_VARS = ("BASE_DIR", "TEXT_CORPUS", "TRAIN_MANIFEST", "VAL_MANIFEST", "TARGET_VOCAB_SIZE", "WORK_DIR",
-                     "RUN_DIR", "LANGUAGE", "EXPORT_DIR", "EXPORT_WHICH")
+                     "RUN_DIR", "LANGUAGE", "EXPORT_DIR", "EXPORT_WHICH", "EXPORT_CONFIG")
 
 
 def new_language(env: dict[str, str], *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -298,6 +299,30 @@ def test_new_language_checks_the_settings_values(tmp_path):
                     f"TRAIN_MANIFEST={tmp_path}: no such file", "TARGET_VOCAB_SIZE=16k: expected a whole number",
                     "EXPORT_WHICH=best needs VAL_MANIFEST"):
         assert problem in result.stderr, problem
+    assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
+
+
+def test_new_language_refuses_a_trimmed_config_before_training(tmp_path):
+    """The export at the end needs every key inference reads: a trimmed config is refused up front, not after hours."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for name in ("gpt.pth", "bpe.model"):
+        (base / name).write_bytes(b"")
+    (base / "config.yaml").symlink_to(REPO / "checkpoints" / "config.yaml")
+    (tmp_path / "corpus.txt").write_text("text\n")
+    env = {"BASE_DIR": str(base), "TEXT_CORPUS": str(tmp_path / "corpus.txt"), "TARGET_VOCAB_SIZE": "16000",
+           "TRAIN_MANIFEST": str(tmp_path / "corpus.txt"), "WORK_DIR": str(tmp_path / "w"),
+           "RUN_DIR": str(tmp_path / "r"), "PYTHON": sys.executable}
+    result = new_language(env)
+    assert result.returncode == 2
+    assert f"{base / 'config.yaml'} lacks keys IndexTTS2 inference reads (w2v_stat, s2mel_checkpoint, s2mel," \
+        in result.stderr, result.stderr
+    assert "EXPORT_CONFIG" in result.stderr and "nothing was done" in result.stderr
+    full = full_config(tmp_path / "full.yaml", REPO / "checkpoints" / "config.yaml")
+    missing = new_language({**env, "EXPORT_CONFIG": str(tmp_path / "none.yaml"), "PYTHON": "false"})
+    assert missing.returncode == 2 and f"EXPORT_CONFIG={tmp_path / 'none.yaml'}: no such file" in missing.stderr
+    accepted = new_language({**env, "EXPORT_CONFIG": str(full), "TARGET_VOCAB_SIZE": "x"})
+    assert accepted.returncode == 2 and "lacks keys" not in accepted.stderr and "TARGET_VOCAB_SIZE=x" in accepted.stderr
     assert not (tmp_path / "w").exists() and not (tmp_path / "r").exists()
 
 
@@ -330,7 +355,7 @@ def test_new_language_pipeline_on_the_demo(demo_assets, tmp_path):
     base.mkdir()
     (base / "gpt.pth").symlink_to(value["--base-checkpoint"])
     (base / "bpe.model").symlink_to(value["--tokenizer"])
-    (base / "config.yaml").symlink_to(REPO / "checkpoints" / "demo.yaml")
+    full_config(base / "config.yaml")  # the demo's gpt section in a full config, as the official folder has
     rng, words = random.Random(2), ethiopic_words()
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) + "\n"
@@ -353,7 +378,9 @@ def test_new_language_pipeline_on_the_demo(demo_assets, tmp_path):
     if not (REPO / "tools" / "export_checkpoint.py").exists():
         assert "export skipped" in result.stdout
     else:
-        assert any((tmp_path / "run" / "export").iterdir())
+        exported = yaml.safe_load((tmp_path / "run" / "export" / "config.yaml").read_text())
+        assert exported["gpt"]["number_text_tokens"] == 200 and exported["dataset"]["bpe_model"] == "bpe_200.model"
+        assert exported["s2mel_checkpoint"] == "s2mel.pth"  # the rest of BASE_DIR/config.yaml kept
 
     # Coming back later: the same command keeps the tokenizer and finds the run finished.
     tokenizer_bytes = tokenizer.read_bytes()

@@ -10,11 +10,12 @@ import pytest
 import torch
 import yaml
 
-from tests.demo_runs import train_here
+from tests.demo_runs import full_config, train_here
 from tools import export_checkpoint as ex
 from tools.export_checkpoint import main
 from tools.export_contents import expected_group_a
 from trainers.checkpoint import schema
+from trainers.config.inference_keys import missing_inference_keys
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import CARRIED_PREFIXES, read_state_dict
 
@@ -56,10 +57,18 @@ def carried_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]) -> Path:
-    """A real demo run: checkpoints at steps 4 and 6 (latest), its config.yaml and tokenizer."""
+def full(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo's gpt section in a full IndexTTS2 config (every key inference reads), as users pass the official one."""
+    return full_config(tmp_path_factory.mktemp("config") / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str], full: Path) -> Path:
+    """A real demo run trained with the full config: checkpoints at steps 4 and 6 (latest), its config.yaml and
+    tokenizer."""
     out = tmp_path_factory.mktemp("export") / "run"
-    done = train_here(out, *demo_assets, "--max-steps", "6", "--val-interval", "2", "--save-interval", "2")
+    done = train_here(out, *demo_assets, "--config", str(full), "--max-steps", "6", "--val-interval", "2",
+                      "--save-interval", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -156,6 +165,74 @@ def test_config_keeps_every_section_and_names_the_copied_tokenizer(run: Path, to
     assert set(record["files"]) == {"gpt.pth", "config.yaml", tokenizer.name}
 
 
+def flat(data: dict, prefix: str = "") -> dict[str, object]:
+    """Every leaf of a YAML mapping by its dotted path."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+TRIMMED_LACKS = ["w2v_stat", "s2mel_checkpoint", "s2mel", "emo_matrix", "spk_matrix", "qwen_emo_path",
+                 "semantic_codec", "emo_num", "vocoder.name"]
+
+
+@pytest.fixture(scope="module")
+def trimmed_run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]) -> Path:
+    """A real run (not --demo) of the demo corpus, trained with checkpoints/demo.yaml: a trimmed config, holding
+    only what the trainer reads."""
+    out = tmp_path_factory.mktemp("trimmed") / "run"
+    assert demo_assets[0] == "--demo"
+    done = train_here(out, *demo_assets[1:], "--config", str(ex.REPO_ROOT / "checkpoints" / "demo.yaml"),
+                      "--effective-batch", "8", "--max-steps", "1", "--val-interval", "0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    # The trainer says at the start what the export will ask for.
+    assert (f"{out / 'config.yaml'} lacks keys IndexTTS2 inference reads ({', '.join(TRIMMED_LACKS)}): --config is "
+            "a trimmed config, enough for training; to export, pass tools/export_checkpoint.py --config with the "
+            "full config.yaml") in done.stderr
+    return out
+
+
+def test_a_trimmed_config_is_refused_naming_the_missing_keys_and_the_flag(trimmed_run: Path, tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture):
+    trimmed, demo = trimmed_run, ex.REPO_ROOT / "checkpoints" / "demo.yaml"
+    out = tmp_path / "out"
+    err = refused(capsys, [str(trimmed), "--out", str(out)], f"{trimmed / 'config.yaml'} (the trainer's copy of "
+                  f"--config {demo})", "lacks keys that IndexTTS2 inference reads: " + ", ".join(TRIMMED_LACKS) + ".",
+                  "Pass --config with the full config.yaml from your IndexTTS2 checkpoints folder",
+                  "nothing was written")
+    assert err.count("\n") == 1, err  # one line
+    refused(capsys, [str(trimmed), "--config", str(demo), "--out", str(out)], f"--config {demo} lacks keys")
+    assert not out.exists()
+    # The repository's trimmed config says what it is, first thing in the file.
+    assert (ex.REPO_ROOT / "checkpoints" / "config.yaml").read_text().startswith("# TRIMMED IndexTTS2 config")
+
+
+def test_the_full_config_is_kept_but_for_the_three_values_the_export_sets(trimmed_run: Path, tmp_path: Path,
+                                                                          tokenizer: Path, full: Path):
+    """--config with the full config (for a run trained with a trimmed one): every key kept with its value, only
+    gpt.number_text_tokens, dataset.bpe_model and gpt_checkpoint set for this export."""
+    trimmed = trimmed_run
+    official = yaml.safe_load(full.read_text())
+    official["gpt"]["number_text_tokens"] = 12000  # as the official file has them
+    official["dataset"]["bpe_model"] = "official_bpe.model"
+    official["gpt_checkpoint"] = "official_gpt.pth"
+    given = tmp_path / "official.yaml"
+    given.write_text(yaml.safe_dump(official, sort_keys=False))
+    out = tmp_path / "out"
+    assert main([str(trimmed), "--config", str(given), "--out", str(out)]) == 0
+    before, after = flat(official), flat(yaml.safe_load((out / "config.yaml").read_text()))
+    assert list(after) == list(before)
+    changed = {k: after[k] for k in before if after[k] != before[k]}
+    assert changed == {"gpt.number_text_tokens": 160, "dataset.bpe_model": tokenizer.name,
+                       "gpt_checkpoint": "gpt.pth"}
+    assert all(type(after[k]) is type(before[k]) for k in before)  # 2.0 stays a float, "None" a string
+    assert missing_inference_keys(yaml.safe_load((out / "config.yaml").read_text())) == []
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_half_precision_export_is_the_rounded_fp32_export(exported: dict[str, Path], dtype: str):
     full, half = load_export(exported["fp32"]), load_export(exported[dtype])
@@ -176,9 +253,13 @@ def test_prints_the_three_files_for_inference(run: Path, tmp_path: Path, capsys:
     for name in ("config.yaml", "gpt.pth", tokenizer.name):
         assert str(out / name) in printed
     assert "step 6" in printed
+    # The other models' files, by the names config.yaml gives them, and how to call inference.
+    assert (f"copy or link s2mel.pth, wav2vec2bert_stats.pt, feat2.pt, feat1.pt, qwen0.6bemo4-merge/ from your "
+            f"IndexTTS2 checkpoints folder into {out}, then use IndexTTS2(cfg_path=\"{out / 'config.yaml'}\", "
+            f"model_dir=\"{out}\")") in printed
 
 
-def test_official_gpt_pth_is_exported_as_is(base: Path, tokenizer: Path, tmp_path: Path):
+def test_official_gpt_pth_is_exported_as_is(base: Path, tokenizer: Path, full: Path, tmp_path: Path):
     """A raw DDP-style state dict with an integer buffer: prefix stripped, dropped keys left out,
     the integer buffer kept as it is under --dtype fp16."""
     state = read_state_dict(base)
@@ -186,7 +267,7 @@ def test_official_gpt_pth_is_exported_as_is(base: Path, tokenizer: Path, tmp_pat
     state[buffer] = torch.tensor(1234, dtype=torch.int64)
     raw = tmp_path / "raw.pth"
     torch.save({f"module.{k}": v for k, v in state.items()}, raw)
-    config = ex.REPO_ROOT / "checkpoints" / "demo.yaml"
+    config = full
     out = tmp_path / "out"
     assert main([str(raw), "--config", str(config), "--tokenizer", str(tokenizer), "--out", str(out),
                  "--dtype", "fp16"]) == 0

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import stat
 import struct
 import sys
 import unicodedata
@@ -416,9 +418,12 @@ def test_refuses_output_equal_to_base(assets: Assets, tmp_path: Path, capsys: py
 
 @pytest.mark.parametrize("line, needle", [
     ('{"text": "ሰላም"', "not valid JSON"),
-    ('{"audio": "a.wav"}', 'no "text" field'),
-    ('["ሰላም"]', 'no "text" field'),
-    ('{"text": 5}', '"text" is a int'),
+    ('{"audio": "a.wav"}', 'no text field ("text" or "target_text")'),
+    ('["ሰላም"]', "not a JSON object"),
+    ('{"text": 5}', '"text" is 5 (int), not a string'),
+    ('{"prompt_condition_path": "p.npy", "target_codes_path": "c.npy", "text": "ሰላም"}',
+     'no text field ("target_text") in this paired line'),
+    ('{"text": "ሰላም", "target_text": "ለዓለም"}', '"text" and "target_text" differ'),
 ])
 def test_refuses_bad_jsonl_line_naming_file_and_line(assets: Assets, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      line: str, needle: str) -> None:
@@ -516,6 +521,37 @@ def test_manifest_format_is_chosen_by_extension(tmp_path: Path) -> None:
         assert extend_bpe.read_lines(tmp_path / name, "--manifests") == ["ሰላም ለዓለም"]
     (tmp_path / "a.txt").write_text("\ufeffone line\n\n  {\"text\": \"x\"}  \n", encoding="utf-8")
     assert extend_bpe.read_lines(tmp_path / "a.txt", "--manifests") == ["one line", '{"text": "x"}']
+
+
+def test_paired_training_manifests_give_their_target_text(assets: Assets, tmp_path: Path) -> None:
+    """The manifests retokenize_manifest.py takes: paired lines hold their text in "target_text"; a single-utterance
+    line may too. The corpus read from them is the same as from a plain "text" file: the same model bytes."""
+    rows = []
+    for i, text in enumerate(assets.corpus):
+        if i % 3:
+            rows.append({"id": f"t{i}__p{i}", "prompt_condition_path": f"c/{i}.npy", "target_codes_path": f"k/{i}.npy",
+                         "target_text": text, "target_text_ids_path": f"t/{i}.npy"})
+        else:
+            rows.append({"text_ids_path": f"t/{i}.npy", "codes_path": f"k/{i}.npy", "target_text": text})
+    paired = tmp_path / "pairs.jsonl"
+    paired.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    target = BASE_VOCAB + 100
+    assert run_tool(extend_args(assets, "bpe", tmp_path / "paired", target, paired)) == 0
+    assert run_tool(extend_args(assets, "bpe", tmp_path / "text", target, assets.jsonl)) == 0
+    assert (tmp_path / "paired" / "ext.model").read_bytes() == (tmp_path / "text" / "ext.model").read_bytes()
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_output_files_honour_the_umask(assets: Assets, tmp_path: Path, umask: int, mode: int) -> None:
+    """Like any file a program creates, not 0600 whatever the umask (the temporary file's mode, kept by the rename)."""
+    before = os.umask(umask)
+    try:
+        assert run_tool(extend_args(assets, "bpe", tmp_path, BASE_VOCAB + 100)) == 0
+    finally:
+        os.umask(before)
+    written = sorted(tmp_path.iterdir())
+    assert [p.name for p in written] == ["ext.model", "ext.model.report.json", "ext.vocab"]
+    assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {p.name: oct(mode) for p in written}
 
 
 def test_same_inputs_give_the_same_bytes(assets: Assets, extended: Extended, tmp_path: Path) -> None:

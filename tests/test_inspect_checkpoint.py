@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def extend(base: torch.Tensor) -> torch.Tensor:
 
 
 def trainer_ckpt(model: dict[str, torch.Tensor], micro_batch: int = 0, machine: str = "unknown",
-                 **config_overrides: object) -> dict:
+                 amp_dtype: str = "None", **config_overrides: object) -> dict:
     """A trainer checkpoint assembled by the schema; a None override leaves the setting out, as in
     files written before that setting existed."""
     config = {"learning_rate": 2e-5, "effective_batch": 32, "batch_size": 8, "grad_accumulation": 4,
@@ -55,7 +56,7 @@ def trainer_ckpt(model: dict[str, torch.Tensor], micro_batch: int = 0, machine: 
                 "model_config": {"model_dim": D, "layers": 2, "heads": 2, "number_text_tokens": N},
                 "fingerprints": {"data": "d" * 8, "tokenizer": "ab" * 32, "model_config": "c" * 8},
                 "vocab": {"text_tokens": N, "base_text_tokens": NB}, "versions": {"torch": "2.13.0", "python": "3.12"}},
-        "hardware": {"machine": machine, "micro_batch": micro_batch, "amp_dtype": "None", "tf32": False},
+        "hardware": {"machine": machine, "micro_batch": micro_batch, "amp_dtype": amp_dtype, "tf32": False},
     })
 
 
@@ -260,19 +261,68 @@ def test_split_the_checkpoint_was_written_with(tmp_path, capsys):
         "config: effective batch 32 (written at micro-batch 4 x 8 on cuda|NVIDIA L4|22528MiB|sm89; requested auto x auto)")
 
 
-def test_the_start_and_every_resume_are_listed_with_what_changed(tmp_path, capsys):
-    """A real run, resumed once with a changed setting: inspect shows both records from the checkpoint."""
+@pytest.mark.parametrize("amp, amp_dtype, shown", [
+    (False, "None", "off"),
+    (True, "torch.bfloat16", "bf16"),
+    (True, "torch.float16", "fp16 with loss scaling"),
+    (True, "None", "off (--amp was given; mixed precision is used on CUDA only)"),
+])
+def test_amp_is_what_the_run_computed_in(tmp_path, capsys, amp, amp_dtype, shown):
+    path = tmp_path / "ckpt.pth"
+    torch.save(trainer_ckpt(trained_model(), amp_dtype=amp_dtype, amp=amp), path)
+    code, lines, _ = run(capsys, path)
+    assert code == 0
+    assert line(lines, "length:") == f"length: epochs 10, max_steps 0; amp {shown}"
+    code, out, _ = run(capsys, path, "--json")
+    assert json.loads("\n".join(out))["mixed_precision"] == shown
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run of 2 steps, resumed once to step 3 with a changed setting: model_step2.pth, model_step3.pth."""
     from tests.demo_runs import small_corpus_flags, train_here
 
-    inputs = [*small_corpus_flags(tmp_path / "data"), "--effective-batch", "4", "--warmup-steps", "1",
+    root = tmp_path_factory.mktemp("inspect")
+    inputs = [*small_corpus_flags(root / "data"), "--effective-batch", "4", "--warmup-steps", "1",
               "--min-lr-ratio", "0.1", "--val-interval", "0"]
-    run = tmp_path / "run"
+    run = root / "run"
     assert train_here(run, *inputs, "--max-steps", "2").returncode == 0
     assert train_here(run, "--resume", "auto", "--max-steps", "3", "--log-interval", "1").returncode == 0
+    return run
+
+
+def test_the_start_and_every_resume_are_listed_with_what_changed(real_run, capsys):
+    """A real run, resumed once with a changed setting: inspect shows both records from the checkpoint."""
     capsys.readouterr()
-    assert main([str(run / "latest.pth")]) == 0
+    assert main([str(real_run / "latest.pth")]) == 0
     lines = capsys.readouterr().out.splitlines()
     starts = [ln for ln in lines if ln.startswith(("start:", "resume:"))]
     assert len(starts) == 2, lines
     assert starts[0].startswith("start: step 0 ") and starts[0].endswith("nothing changed")
     assert starts[1].startswith("resume: step 2 ") and "from " in starts[1] and "log_interval" in starts[1], starts[1]
+
+
+def test_a_run_directory_is_read_as_export_reads_it(real_run, tmp_path, capsys):
+    """The newest complete checkpoint (here model_step3.pth, newer than latest.pth after a kill between a save's two
+    renames), or the one --which names; --verify too."""
+    import shutil
+
+    killed = tmp_path / "killed"
+    shutil.copytree(real_run, killed)
+    (killed / "latest.pth").unlink()
+    os.link(killed / "model_step2.pth", killed / "latest.pth")  # the save of step 3 had not re-linked it yet
+    capsys.readouterr()
+    code, lines, _ = run(capsys, killed)
+    assert code == 0
+    assert line(lines, "file:").startswith(f"file: {killed / 'model_step3.pth'} (trainer checkpoint")
+    assert line(lines, "step:").startswith("step: 3 ")
+    code, lines, _ = run(capsys, killed, "--which", "2")
+    assert code == 0 and line(lines, "file:").startswith(f"file: {killed / 'model_step2.pth'} ")
+    code, lines, _ = run(capsys, killed, "--verify")
+    assert code == 0 and lines == [f"file: {killed / 'model_step3.pth'} (format {schema.FORMAT})",
+                                   "integrity: ok (every tensor and field matches the checksums written with it)"]
+    assert "no model_step9.pth (steps kept: 2, 3" in error_of(capsys, killed, "--which", "9")
+    code, lines, _ = run(capsys, killed, "--which", "best")
+    assert code == 0 and line(lines, "file:").startswith(f"file: {killed / 'best.pth'} ")
+    assert "applies to a run directory" in error_of(capsys, killed / "latest.pth", "--which", "2")
+    assert "holds no checkpoint" in error_of(capsys, tmp_path / "killed" / "logs")

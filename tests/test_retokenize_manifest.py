@@ -5,6 +5,7 @@ import io
 import json
 import os
 import random
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -229,16 +230,36 @@ def test_extended_tokenizer_keeps_base_ids_and_gives_ethiopic_no_unk(assets: Ass
 
 def test_running_twice_gives_the_same_bytes(assets: Assets, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     manifests = [assets.train, assets.ethiopic]
+    files = len(manifest_rows(assets.train)) + 1  # the ids of each line and the manifest
     assert run(assets.extended["upper"], manifests, tmp_path / "a") == 0
+    assert f"(all {files} files new or changed)" in capsys.readouterr().out
     first = snapshot(tmp_path / "a")
     assert run(assets.extended["upper"], manifests, tmp_path / "a") == 0
     assert snapshot(tmp_path / "a") == first
-    assert f"(0 of {len(manifest_rows(assets.train)) + 1} files changed" in capsys.readouterr().out
+    assert f"(none changed: all {files} files already held these bytes)" in capsys.readouterr().out
+    damaged = tmp_path / "a" / "text_ids" / assets.train.stem / "0000001.npy"
+    damaged.write_bytes(b"")
+    assert run(assets.extended["upper"], manifests, tmp_path / "a") == 0
+    assert f"(1 of {files} files new or changed; the other {files - 1} already held these bytes)" in \
+        capsys.readouterr().out
+    assert snapshot(tmp_path / "a") == first
     # Another output folder at the same depth: the same bytes, manifests included.
     assert run(assets.extended["upper"], manifests, tmp_path / "b") == 0
     assert snapshot(tmp_path / "b") == first
     # No temporary files are left behind.
     assert not [name for name in first if Path(name).name.startswith(".")]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_written_files_honour_the_umask(assets: Assets, tmp_path: Path, umask: int, mode: int) -> None:
+    before = os.umask(umask)
+    try:
+        assert run(assets.extended["upper"], [assets.val], tmp_path / "out") == 0
+    finally:
+        os.umask(before)
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert len(written) == len(manifest_rows(assets.val)) + 1
+    assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in written} == {oct(mode)}
 
 
 def test_single_character_and_text_field_rules(assets: Assets, tmp_path: Path) -> None:

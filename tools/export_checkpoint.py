@@ -2,16 +2,20 @@
 
     python tools/export_checkpoint.py runs/my_voice --out exports/my_voice [--which latest|best|STEP] [--dtype fp16]
     python tools/export_checkpoint.py runs/my_voice/model_step4000.pth --out exports/step4000
-    python tools/export_checkpoint.py checkpoints/gpt.pth --config checkpoints/config.yaml --out exports/official
+    python tools/export_checkpoint.py runs/my_voice --config ~/IndexTTS2/checkpoints/config.yaml --out exports/my_voice
+    python tools/export_checkpoint.py ~/IndexTTS2/checkpoints/gpt.pth --config ~/IndexTTS2/checkpoints/config.yaml \
+        --out exports/official
 
 Writes into the --out directory:
 
     gpt.pth       {"model": state dict}: the trained tensors (group A) and the conditioning encoders
                   carried from the base checkpoint (group B), nothing else (no optimizer, no run state),
                   readable with torch.load(weights_only=True); --dtype casts the floating tensors
-    config.yaml   the IndexTTS2 config the run was trained with, every section kept, with
-                  gpt.number_text_tokens of this run, dataset.bpe_model naming the copied tokenizer
-                  and gpt_checkpoint naming gpt.pth
+    config.yaml   the full IndexTTS2 config (--config, default: the run directory's copy of the
+                  config the run was trained with), every key kept, with gpt.number_text_tokens of
+                  this run, dataset.bpe_model naming the copied tokenizer and gpt_checkpoint naming
+                  gpt.pth; refused if it lacks a key inference reads (trainers/config/inference_keys.py),
+                  as a trimmed config such as this repository's checkpoints/config.yaml does
     <tokenizer>   a copy of the run's SentencePiece model, under its own file name
     export.json   the record of this export: what was exported and the sha256 of every file written
 
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,50 +46,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
     sys.path.insert(0, str(REPO_ROOT))
 
+from trainers.config.inference_keys import other_model_files  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from tools.export_contents import (  # noqa: E402
     CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, load_source,
     resolve_inference, select_tensors,
 )
 from tools.export_output import check_output, write_export  # noqa: E402
-from tools.run_files import BEST_NAME, newest_checkpoint, step_checkpoints  # noqa: E402
+from tools.run_files import WHICH_HELP, checkpoint_path  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-STEP = re.compile(r"^(0|[1-9][0-9]*)$")
-
-
-# ---------------------------------------------------------------- which file
-
-def checkpoint_path(target: Path, which: str | None) -> Path:
-    """The checkpoint to export: `target` itself if it is a file, else the one `which` names in the run directory."""
-    if target.is_file():
-        if which is not None:
-            raise UserError(f"--which {which} applies to a run directory; {target} is a file, which is exported "
-                            "as it is")
-        return target
-    if not target.is_dir():
-        raise UserError(f"{target}: no such run directory or checkpoint file")
-    which = which or "latest"
-    if which == "latest":
-        found = newest_checkpoint(target)
-        if found is None:
-            raise UserError(f"{target} holds no checkpoint (no latest.pth or model_step*.pth); is it a run directory "
-                            "of this trainer, and has the run saved its first checkpoint?")
-        return found
-    if which == "best":
-        best = target / BEST_NAME
-        if not best.is_file():
-            raise UserError(f"{target} has no {BEST_NAME}: runs written before the trainer kept the best checkpoint "
-                            "do not have one; export --which latest or --which STEP (a model_step{STEP}.pth) instead")
-        return best
-    if not STEP.match(which):
-        raise UserError(f"--which {which!r}: expected latest, best or a step number such as 4000")
-    steps = step_checkpoints(target)
-    if int(which) not in steps:
-        have = ", ".join(str(s) for s in sorted(steps)) or "none"
-        raise UserError(f"{target} has no model_step{which}.pth (steps kept: {have}; older ones were deleted as "
-                        "--keep-checkpoints allows)")
-    return steps[int(which)]
 
 
 # ---------------------------------------------------------------- the export
@@ -118,9 +87,9 @@ class Export:
                   f"  config     {out / CONFIG_NAME}",
                   f"  gpt        {out / GPT_NAME}",
                   f"  tokenizer  {out / tok}",
-                  "config.yaml names the other two by file name, like the official one: keep the three together, "
-                  "with the other model files inference needs (s2mel, ...) from your IndexTTS2 checkpoints folder "
-                  "beside them"]
+                  f"config.yaml names every model file by its name in model_dir, like the official one: copy or link "
+                  f"{', '.join(other_model_files(inf.config))} from your IndexTTS2 checkpoints folder into {out}, then use "
+                  f"IndexTTS2(cfg_path=\"{out / CONFIG_NAME}\", model_dir=\"{out}\")"]
         return lines
 
 
@@ -156,11 +125,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                  "upstream layout, config.yaml and the tokenizer, into --out.")
     parser.add_argument("source", type=Path, help="run directory, a trainer checkpoint (.pth) or an official gpt.pth")
     parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
-    parser.add_argument("--which", help="for a run directory: latest (default), best, or a step number")
+    parser.add_argument("--which", help=WHICH_HELP)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                         help="dtype of the floating tensors (integer buffers are kept); default fp32")
-    parser.add_argument("--config", type=Path, help="IndexTTS2 config.yaml (default: the run directory's "
-                                                    "config.yaml; required for an official gpt.pth)")
+    parser.add_argument("--config", type=Path,
+                        help="the full IndexTTS2 config.yaml of your checkpoints folder, with every key inference "
+                             "reads (default: the run directory's config.yaml, the config the run was trained with; "
+                             "required for an official gpt.pth and for a run trained with a trimmed config)")
     parser.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: the one the run recorded; for "
                                                        "an official gpt.pth the config's dataset.bpe_model)")
     return parser.parse_args(argv)

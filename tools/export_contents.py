@@ -17,6 +17,7 @@ import yaml
 
 from trainers.checkpoint import schema
 from trainers.checkpoint.files import CheckpointError, load_checkpoint
+from trainers.config.inference_keys import missing_inference_keys
 from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
@@ -185,6 +186,7 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
     if differ:
         raise UserError(f"{config_path} is not the config {source.path} was trained with: gpt " + ", ".join(differ)
                         + "; pass --config with the run's config")
+    refuse_trimmed_config(data, config_path, config_flag is not None, source)
     configured = data["gpt"].get("number_text_tokens")
     if configured != text_tokens:
         notes.append(f"gpt.number_text_tokens set to {text_tokens} (the checkpoint's vocabulary; {config_path.name} "
@@ -198,6 +200,23 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
         raise UserError(f"the tokenizer's file name {tokenizer.name} clashes with a file the export writes; "
                         "rename it (e.g. bpe.model) and pass --tokenizer")
     return Inference(data, config_path, tokenizer, gpt, notes)
+
+
+def refuse_trimmed_config(data: dict[str, Any], config_path: Path, flagged: bool, source: Source) -> None:
+    """A config without every key IndexTTS2 inference reads would export a config.yaml inference cannot load."""
+    missing = missing_inference_keys(inference_config(data, 1, "bpe.model"))  # as the export would write it
+    if not missing:
+        return
+    if flagged:
+        what = f"--config {config_path}"
+    else:  # the run directory's copy of the config the run was started with
+        started = source.checkpoint.settings.get("config") if source.checkpoint else None
+        what = f"{config_path} (the trainer's copy of --config {started or 'the run was started with'})"
+    raise UserError(f"{what} lacks keys that IndexTTS2 inference reads: {', '.join(missing)}. It is a trimmed config "
+                    "that holds only what the trainer reads (like this repository's checkpoints/config.yaml). Pass "
+                    "--config with the full config.yaml from your IndexTTS2 checkpoints folder (the one that came "
+                    "with gpt.pth and bpe.model): the export keeps all of it and changes only gpt.number_text_tokens, "
+                    "dataset.bpe_model and gpt_checkpoint (nothing was written)")
 
 
 def resolve_tokenizer(source: Source, config: dict[str, Any], config_path: Path, flag: Path | None) -> Path:

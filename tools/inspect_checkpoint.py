@@ -1,7 +1,10 @@
 """Describe a GPT checkpoint and, given its base gpt.pth, how far the base-vocabulary rows drifted.
 
-    python tools/inspect_checkpoint.py runs/x/latest.pth [--base checkpoints/gpt.pth] [--json]
+    python tools/inspect_checkpoint.py runs/x [--which latest|best|STEP] [--base checkpoints/gpt.pth] [--json]
     python tools/inspect_checkpoint.py runs/x/model_step4000.pth --verify [--json]
+
+A run directory is read as tools/export_checkpoint.py reads it (tools/run_files.checkpoint_path):
+its newest complete checkpoint, or the one --which names.
 
 Use it before resuming an old run: if the base rows of text_embedding/text_head differ from
 the base checkpoint, that run was not trained with frozen base vocabulary rows.
@@ -11,7 +14,7 @@ checks just that and says ok, corrupt (which tensor or field, or why the file ca
 not verifiable (files of checkpoint formats 1 and 2 and official gpt.pth files carry no checksums);
 exit status 0 for ok and not verifiable, 1 for corrupt, 2 if the file is missing.
 
-The comparison with the base is in tools/base_drift.py.
+The comparison with the base is in tools/base_drift.py, --verify in tools/verify_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -35,8 +38,12 @@ from trainers.config.settings import saved_settings  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.model.weights import state_dict_of, strip_module_prefix  # noqa: E402
 from tools.base_drift import LoadedFile, compare_with_base  # noqa: E402
+from tools.run_files import WHICH_HELP, checkpoint_path  # noqa: E402
+from tools.verify_checkpoint import render_verify, verify  # noqa: E402
 
 LAYER_KEY = re.compile(r"^gpt\.h\.(\d+)\.")
+# The hardware section's amp_dtype (str of a torch dtype) as --amp's documentation names it.
+AMP_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16 with loss scaling", "None": "off"}
 
 
 # ---------------------------------------------------------------- loading
@@ -95,6 +102,7 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         "tensors": len(ck.state),
         "parameters": sum(t.numel() for t in ck.state.values()),
         "amp_dtype": c.amp_dtype if c else None,
+        "mixed_precision": mixed_precision(c.amp_dtype, saved_settings(c.settings).get("amp")) if c else None,
         "micro_batch": (c.micro_batch or None) if c else None,
         "hardware": c.machine if c and c.machine != "unknown" else None,
         "last_validation": last_validation(c.history) if c else None,
@@ -112,6 +120,14 @@ def summarize_config(saved: dict[str, Any]) -> dict[str, Any]:
     summary = {k: cfg.get(k) for k in keys}
     summary["freeze_base_vocab_recorded"] = "freeze_base_vocab" in saved
     return summary
+
+
+def mixed_precision(amp_dtype: str, requested: bool | None) -> str:
+    """What the run computed in when it wrote the checkpoint, and why where that is not what --amp asked for."""
+    used = AMP_NAMES.get(amp_dtype, amp_dtype)
+    if used == "off" and requested:
+        return "off (--amp was given; mixed precision is used on CUDA only)"
+    return used
 
 
 def count_layers(state: dict[str, torch.Tensor]) -> int | None:
@@ -177,7 +193,7 @@ def trainer_lines(facts: dict[str, Any]) -> list[str]:
                      f"lr {show(cfg['learning_rate'])}, "
                      f"weight decay {show(cfg['weight_decay'])}, seed {show(cfg['seed'])}, freeze_base_vocab {freeze}")
         lines.append(f"length: epochs {show(cfg['epochs'])}, max_steps {show(cfg['max_steps'])}; "
-                     f"amp {show(cfg['amp'])} ({show(facts['amp_dtype'])})")
+                     f"amp {facts['mixed_precision']}")
         lines.append(f"files: base_checkpoint {show(cfg['base_checkpoint'])}, tokenizer {show(cfg['tokenizer'])}")
     lines.append(f"integrity: {facts['integrity']}")
     return lines
@@ -283,56 +299,12 @@ def inspect(path: Path, base_path: Path | None) -> dict[str, Any]:
     return facts
 
 
-# ---------------------------------------------------------------- --verify
-
-def verify(path: Path) -> dict[str, Any]:
-    """Whether `path` matches the checksums written with it: {"file", "format", "integrity", "problems"}.
-
-    "integrity" is "ok", "corrupt" or "not verifiable"; "problems" names what failed (each tensor
-    or field that differs, or why the file cannot be read), or why it cannot be verified.
-    """
-    result: dict[str, Any] = {"file": str(path), "format": None}
-    try:
-        obj = load_checkpoint(path)
-    except CheckpointError as exc:
-        if not path.is_file():
-            raise UserError(f"{path}: {exc.reason}") from None
-        return {**result, "integrity": "corrupt", "problems": [exc.reason]}
-    if not schema.is_trainer_checkpoint(obj):
-        return {**result, "integrity": "not verifiable",
-                "problems": ["not a checkpoint of this trainer (an official gpt.pth or a raw state dict): it carries "
-                             "no checksums"]}
-    result["format"] = obj["format"]
-    try:
-        ckpt = schema.parse(obj, path)
-    except schema.UnknownFormat as exc:
-        return {**result, "integrity": "not verifiable", "problems": [exc.reason]}
-    except schema.IntegrityError as exc:
-        return {**result, "integrity": "corrupt", "problems": exc.problems}
-    except CheckpointError as exc:  # loads and matches no checksums, but is not a complete checkpoint
-        return {**result, "integrity": "corrupt", "problems": [exc.reason]}
-    if not ckpt.verified:
-        return {**result, "integrity": "not verifiable",
-                "problems": [f"written before checksums existed (format {ckpt.format_version})"]}
-    return {**result, "integrity": "ok", "problems": []}
-
-
-def render_verify(result: dict[str, Any]) -> list[str]:
-    fmt = f" (format {result['format']})" if result["format"] else ""
-    lines = [f"file: {result['file']}{fmt}"]
-    if result["integrity"] == "ok":
-        return lines + ["integrity: ok (every tensor and field matches the checksums written with it)"]
-    if result["integrity"] == "not verifiable":
-        return lines + [f"integrity: not verifiable: {'; '.join(result['problems'])}"]
-    return lines + [f"integrity: CORRUPT ({len(result['problems'])} problem(s)); resume from an older "
-                    "model_step*.pth, or let --resume auto pick the newest intact one",
-                    *[f"  {p}" for p in result["problems"]]]
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Describe a GPT checkpoint and, with --base, whether the base "
                                                  "vocabulary rows of its text embedding/head drifted.")
-    parser.add_argument("checkpoint", type=Path, help="trainer checkpoint (e.g. runs/x/latest.pth) or a gpt.pth")
+    parser.add_argument("checkpoint", type=Path, help="run directory (e.g. runs/x: its newest checkpoint, or "
+                                                      "--which), trainer checkpoint (e.g. runs/x/latest.pth) or gpt.pth")
+    parser.add_argument("--which", help=WHICH_HELP)
     parser.add_argument("--base", type=Path, help="base checkpoint the run started from (e.g. checkpoints/gpt.pth)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text lines")
     parser.add_argument("--verify", action="store_true",
@@ -346,19 +318,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.verify:
-        try:
-            result = verify(args.checkpoint)
-        except UserError as exc:
-            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-            return 2
-        print(json.dumps(result, indent=2) if args.json else "\n".join(render_verify(result)))
-        return 1 if result["integrity"] == "corrupt" else 0
     try:
-        facts = inspect(args.checkpoint, args.base)
+        path = checkpoint_path(args.checkpoint, args.which)
+        if args.verify:
+            result = verify(path)
+        else:
+            facts = inspect(path, args.base)
     except UserError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    if args.verify:
+        print(json.dumps(result, indent=2) if args.json else "\n".join(render_verify(result)))
+        return 1 if result["integrity"] == "corrupt" else 0
     if args.json:
         print(json.dumps(json_safe(facts), indent=2))
     else:

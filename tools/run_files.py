@@ -1,4 +1,4 @@
-"""Finding checkpoints in a run directory, for the tools (export, plots) that read finished or running runs.
+"""Finding checkpoints in a run directory, for the tools (export, inspect, plots) that read finished or running runs.
 
     latest.pth          the newest complete checkpoint (trainers/checkpoint/files.py)
     model_step{N}.pth   the last --keep-checkpoints checkpoints
@@ -8,11 +8,15 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from trainers.checkpoint.files import CheckpointManager
+from trainers.errors import UserError
 
 BEST_NAME = "best.pth"
+STEP = re.compile(r"^(0|[1-9][0-9]*)$")
+WHICH_HELP = "for a run directory: latest (default: the newest complete checkpoint), best, or a step number"
 
 
 def newest_checkpoint(run_dir: Path) -> Path | None:
@@ -36,3 +40,38 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
 def step_checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's model_step{N}.pth files by step."""
     return dict(CheckpointManager(run_dir, keep=0).step_files())
+
+
+def checkpoint_path(target: Path, which: str | None) -> Path:
+    """`target` itself if it is a file, else the checkpoint of run directory `target` that `which` names.
+
+    which: None or "latest" (the newest complete checkpoint, as `--resume auto` picks it), "best"
+    (best.pth) or a step number (model_step{N}.pth). Export and inspect both choose with this.
+    """
+    if target.is_file():
+        if which is not None:
+            raise UserError(f"--which {which} applies to a run directory; {target} is a file, which is read as it is")
+        return target
+    if not target.is_dir():
+        raise UserError(f"{target}: no such run directory or checkpoint file")
+    which = which or "latest"
+    if which == "latest":
+        found = newest_checkpoint(target)
+        if found is None:
+            raise UserError(f"{target} holds no checkpoint (no latest.pth or model_step*.pth); is it a run directory "
+                            "of this trainer, and has the run saved its first checkpoint?")
+        return found
+    if which == "best":
+        best = target / BEST_NAME
+        if not best.is_file():
+            raise UserError(f"{target} has no {BEST_NAME}: runs written before the trainer kept the best checkpoint "
+                            "do not have one; pass --which latest or --which STEP (a model_step{STEP}.pth) instead")
+        return best
+    if not STEP.match(which):
+        raise UserError(f"--which {which!r}: expected latest, best or a step number such as 4000")
+    steps = step_checkpoints(target)
+    if int(which) not in steps:
+        have = ", ".join(str(s) for s in sorted(steps)) or "none"
+        raise UserError(f"{target} has no model_step{which}.pth (steps kept: {have}; older ones were deleted as "
+                        "--keep-checkpoints allows)")
+    return steps[int(which)]

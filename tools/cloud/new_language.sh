@@ -14,6 +14,7 @@
 #
 # Settings (environment variables):
 #   BASE_DIR            required: folder with the base model's gpt.pth, bpe.model and config.yaml
+#                       (the IndexTTS2 checkpoints folder, whose config.yaml is the full one)
 #   TEXT_CORPUS         required: new-language text for the tokenizer (plain text, one sentence
 #                       a line, or JSONL with a "text" field)
 #   TRAIN_MANIFEST      required: training manifest (JSONL) whose text is in the new language
@@ -23,6 +24,9 @@
 #   RUN_DIR             required: the training run directory (checkpoints, logs)
 #   LANGUAGE            optional: language tag of the manifests' lines (trainer's FILE::LANG)
 #   EXPORT_DIR          optional: export folder (default RUN_DIR/export)
+#   EXPORT_CONFIG       optional: the full IndexTTS2 config.yaml the export keeps (default
+#                       BASE_DIR/config.yaml); checked before anything runs for every key inference
+#                       reads (a trimmed config such as the repository's checkpoints/config.yaml is refused)
 #   EXPORT_WHICH        optional: best, latest or auto (default auto: best if RUN_DIR has a best.pth,
 #                       the checkpoint of the best validation by the trainer's --best-metric, else latest)
 #   PYTHON              optional: interpreter (default python3)
@@ -55,6 +59,19 @@ if [[ -n ${BASE_DIR:-} ]]; then
     for f in gpt.pth bpe.model config.yaml; do
         [[ -f $BASE_DIR/$f ]] || problems+=("BASE_DIR=$BASE_DIR has no $f")
     done
+fi
+if [[ -n ${EXPORT_CONFIG:-} && ! -f $EXPORT_CONFIG ]]; then
+    problems+=("EXPORT_CONFIG=$EXPORT_CONFIG: no such file")
+fi
+EXPORT_CONFIG=${EXPORT_CONFIG:-${BASE_DIR:+$BASE_DIR/config.yaml}}
+if [[ -n $EXPORT_CONFIG && -f $EXPORT_CONFIG ]]; then  # hours of training must not end in a refused export
+    if missing=$("$PYTHON" "$REPO/trainers/config/inference_keys.py" "$EXPORT_CONFIG" 2>&1); then
+        [[ -z $missing ]] || problems+=("$EXPORT_CONFIG lacks keys IndexTTS2 inference reads (${missing//$'\n'/, }): \
+it is a trimmed config; the export needs the full config.yaml from your IndexTTS2 checkpoints folder \
+(put it in BASE_DIR, or name it with EXPORT_CONFIG)")
+    else
+        problems+=("cannot check $EXPORT_CONFIG with $PYTHON: ${missing:-no message}")
+    fi
 fi
 for var in TEXT_CORPUS TRAIN_MANIFEST VAL_MANIFEST; do
     if [[ -n ${!var:-} && ! -f ${!var} ]]; then
@@ -163,7 +180,8 @@ if [[ $EXPORT_WHICH == auto ]]; then
 fi
 if [[ -f $REPO/tools/export_checkpoint.py ]]; then
     say "step 4/4: exporting the $EXPORT_WHICH checkpoint of $RUN_DIR -> $EXPORT_DIR"
-    "$PYTHON" "$REPO/tools/export_checkpoint.py" "$RUN_DIR" --which "$EXPORT_WHICH" --out "$EXPORT_DIR" ||
+    "$PYTHON" "$REPO/tools/export_checkpoint.py" "$RUN_DIR" --which "$EXPORT_WHICH" --config "$EXPORT_CONFIG" \
+        --out "$EXPORT_DIR" ||
         stop $? "exporting (its message is above)"
 else
     say "step 4/4: export skipped: this checkout has no tools/export_checkpoint.py; the checkpoints are in $RUN_DIR"

@@ -21,8 +21,10 @@ Corpus text is harvested the way IndexTTS2 feeds the tokenizer: the line is uppe
 the base model's own normalizer (normally nmt_nfkc) is applied. Pieces the runtime can never
 see, such as lower-case letters, would be wasted ids.
 
-Manifests: files ending in .jsonl or .json are JSON Lines with a string "text" field on every
-non-blank line; any other file is plain text, one sentence per non-blank line.
+Manifests: files ending in .jsonl or .json are JSON Lines, one object per non-blank line, whose
+text is read as retokenize_manifest.py reads it: "target_text" in a paired training-manifest
+line (prompt_condition_path + target_codes_path), "text" (or "target_text" where there is no
+"text") in any other line; any other file is plain text, one sentence per non-blank line.
 
 Base models trained on text that was not upper-cased (lower-case letters, no upper-case ones)
 do not fit IndexTTS2: at runtime every Latin letter reaches them upper-cased and becomes <unk>,
@@ -47,7 +49,6 @@ import random
 import re
 import struct
 import sys
-import tempfile
 import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -61,6 +62,8 @@ if _HERE not in sys.path:  # run as a script from any cwd, or imported by the te
     sys.path.insert(0, _HERE)
 
 import sp_model_proto as proto  # noqa: E402
+from new_files import create_beside  # noqa: E402
+from retokenize_lines import SINGLE, detect_form, text_of  # noqa: E402
 
 log = logging.getLogger("extend_bpe")
 
@@ -285,16 +288,20 @@ def read_lines(path: Path, flag: str) -> list[str]:
 
 
 def _jsonl_text(path: Path, number: int, line: str) -> str:
-    hint = 'each line of a .jsonl/.json manifest must be one JSON object with a string "text" field'
+    where = f"{path}:{number}"
+    hint = ('each line of a .jsonl/.json file must be one JSON object with the text in "text" (or "target_text", as '
+            "in a paired training manifest)")
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{number}: not valid JSON ({exc.msg}); {hint}") from None
-    if not isinstance(row, dict) or "text" not in row:
-        raise UserError(f'{path}:{number}: no "text" field; {hint}')
-    if not isinstance(row["text"], str):
-        raise UserError(f'{path}:{number}: "text" is a {type(row["text"]).__name__}, not a string; {hint}')
-    return row["text"]
+        raise UserError(f"{where}: not valid JSON ({exc.msg}); {hint}") from None
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: not a JSON object; {hint}")
+    # A corpus line without manifest fields reads like a single-utterance line: "text".
+    text, problem = text_of(row, detect_form(row) or SINGLE, where)
+    if problem:
+        raise UserError(problem)
+    return text
 
 
 def runtime_text(sp: spm.SentencePieceProcessor, line: str) -> str:
@@ -599,8 +606,7 @@ def write_outputs(files: dict[Path, bytes], verify: dict[Path, Callable[[Path], 
     try:
         for path, data in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            staged[path] = Path(tmp_name)
+            fd, staged[path] = create_beside(path)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -798,7 +804,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="extend_bpe.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--base-model", type=Path, required=True, help="SentencePiece .model to extend (never modified)")
     p.add_argument("--manifests", type=Path, nargs="+", required=True,
-                   help="new-language text: .jsonl/.json with a 'text' field per line, or plain text")
+                   help="new-language text: .jsonl/.json with a 'text' field per line (training manifests: "
+                        "'target_text' of paired lines), or plain text")
     p.add_argument("--output-model", type=Path, required=True, help="extended .model to write")
     p.add_argument("--output-vocab", type=Path, help="'piece<TAB>score' list (default: output model with .vocab)")
     p.add_argument("--target-size", type=int, required=True, help="total number of pieces of the extended model")

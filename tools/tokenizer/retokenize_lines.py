@@ -81,7 +81,9 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _text_of(obj: dict, form: Form, where: str) -> tuple[str | None, str | None]:
+def text_of(obj: dict, form: Form, where: str) -> tuple[str | None, str | None]:
+    """The line's text (the first of form.text_keys present), or None and the problem ("where: ...; what to do").
+    extend_bpe.py reads its corpus lines with this too."""
     present = [k for k in form.text_keys if k in obj]
     if not present:
         keys = " or ".join(f'"{k}"' for k in form.text_keys)
@@ -146,7 +148,7 @@ def read_manifest(path: Path) -> tuple[list[Line], list[str]]:
         if form is None:
             problems.append(f"{where}: neither manifest form recognised ({_FORM_HINT}); fix the field names")
             continue
-        text, problem = _text_of(obj, form, where)
+        text, problem = text_of(obj, form, where)
         if problem:
             problems.append(problem)
             continue

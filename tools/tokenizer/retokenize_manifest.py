@@ -145,12 +145,21 @@ def retokenize(cfg: Config, out=None, err=None) -> list[Report]:
         for line in report_text(plan.report):
             print(line, file=out)
         ids_dir = cfg.output_dir / IDS_DIR / plan.manifest.stem
-        print(f"  wrote {plan.output} and {len(plan.lines)} id files under {ids_dir} ({written} of "
-              f"{len(plan.lines) + 1} files changed; the others already held these bytes)", file=out)
+        print(f"  wrote {plan.output} and {len(plan.lines)} id files under {ids_dir} "
+              f"({rewritten_text(written, len(plan.lines) + 1)})", file=out)
     if any(p.report.lines_with_unk for p in plans):
         print("warning: some lines hold <unk> ids (see the report lines); the model learns nothing useful from "
               "them: extend the tokenizer (tools/tokenizer/extend_bpe.py) or fix the text", file=err)
     return [p.report for p in plans]
+
+
+def rewritten_text(written: int, total: int) -> str:
+    """How many of a manifest's files were written: a file that already held the same bytes is left alone."""
+    if written == total:
+        return f"all {total} files new or changed"
+    if written == 0:
+        return f"none changed: all {total} files already held these bytes"
+    return f"{written} of {total} files new or changed; the other {total - written} already held these bytes"
 
 
 class _Parser(argparse.ArgumentParser):

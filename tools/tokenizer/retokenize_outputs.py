@@ -7,12 +7,12 @@ import contextlib
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from new_files import create_beside
 from retokenize_lines import Line, Plan
 
 IDS_DIR = "text_ids"
@@ -127,7 +127,7 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = False) -> bool:
     except OSError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = create_beside(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

@@ -3,7 +3,8 @@
     model_step{N}.pth, latest.pth   checkpoints (trainers/checkpoint)
     run_config.json                 the resolved settings, written before the first step, so a run
                                     killed before its first checkpoint restarts with them
-    config.yaml                     the IndexTTS2 config for inference, with this run's vocabulary
+    config.yaml                     your --config with this run's vocabulary: the config to export with
+                                    when --config was the full IndexTTS2 one
     micro_batch_probe.json          the measured micro-batch per machine (trainers/hardware)
     logs/, sample_ids.tsv           TensorBoard events, the optional per-step sample record
 """
@@ -25,6 +26,7 @@ from trainers.checkpoint import schema
 from trainers.checkpoint.files import CheckpointError, CheckpointManager
 from trainers.checkpoint.recovery import newest_intact
 from trainers.config.flags import CommandLine
+from trainers.config.inference_keys import missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
 from trainers.files import file_identity, write_text_atomically
@@ -247,12 +249,17 @@ def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str) -
 
 
 def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
-                           tokenizer: str) -> None:
+                           tokenizer: str, demo: bool = False) -> None:
     """config.yaml for inference: the user's config with the vocabulary of this run."""
     data = dict(model_yaml)
     data["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
     path = run_dir / INFERENCE_CONFIG_NAME
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
+    missing = missing_inference_keys(data)
+    if missing and not demo:  # the demo's tiny model is not for inference
+        log.info("%s lacks keys IndexTTS2 inference reads (%s): --config is a trimmed config, enough for training; "
+                 "to export, pass tools/export_checkpoint.py --config with the full config.yaml from your IndexTTS2 "
+                 "checkpoints folder", path, ", ".join(missing))
     bpe = (data.get("dataset") or {}).get("bpe_model")
     if extended and bpe and Path(bpe).name != Path(tokenizer).name:
         log.info("for inference, point dataset.bpe_model in %s (now %s) at the extended tokenizer %s", path, bpe,
@@ -280,12 +287,12 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 
 def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],
-                      text_tokens: int, extended: bool, tokenizer: str) -> None:
+                      text_tokens: int, extended: bool, tokenizer: str, demo: bool = False) -> None:
     """run_config.json and the inference config.yaml; a full disk or read-only directory stops here, cleanly."""
     try:
         prepare_run_dir(run_dir)
         write_run_config(run_dir, run_section, machine)
-        write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer)
+        write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo)
     except OSError as exc:
         raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "
                         "then start again (nothing was trained)") from None
