@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train_gpt_v2.py",
         description="Fine-tune the IndexTTS2 GPT with exact, interruption-proof resume.",
         argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,  # `--lr 1000` must not quietly set --lr-decay-steps: only whole flag names count
     )
     d = TrainConfig()
     _data_flags(p.add_argument_group("data"), d)
@@ -82,7 +83,7 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
          "micro-batches per optimizer step (0: auto; without --effective-batch, batch size x this sets it)")
     _num(opt, "--epochs", d.epochs, "epochs to train")
     _num(opt, "--max-steps", d.max_steps, "stop after this many optimizer steps (0: no limit)")
-    _num(opt, "--learning-rate", d.learning_rate, "peak learning rate")
+    _num(opt, "--learning-rate", d.learning_rate, "peak learning rate", alias="--lr")
     _num(opt, "--warmup-steps", d.warmup_steps, "linear warmup steps")
     _num(opt, "--lr-decay-steps", d.lr_decay_steps, "cosine horizon (0: the planned length of the first run)")
     _num(opt, "--min-lr-ratio", d.min_lr_ratio, "final learning rate as a fraction of the peak")
@@ -141,15 +142,15 @@ def _data_root(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str) -> None:
+def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str, alias: str | None = None) -> None:
     """A numeric flag: its form (whole number or not) is checked here, its range with the other settings
     (trainers/config/bounds.py), so a value from a saved run is held to the same range."""
     bound = BOUNDS[flag[2:].replace("-", "_")]
     kind = whole_number if bound.kind is int else real_number
-    group.add_argument(flag, type=kind, help=f"{text} ({bound.range_text()}) [{default}]")
+    group.add_argument(flag, *([alias] if alias else []), type=kind, help=f"{text} ({bound.range_text()}) [{default}]")
 
 
-NUMERIC_FLAGS = frozenset(flag_of(name) for name, bound in BOUNDS.items() if bound.flag)
+NUMERIC_FLAGS = frozenset([*(flag_of(name) for name, bound in BOUNDS.items() if bound.flag), "--lr"])
 
 
 def join_negative_values(argv: Sequence[str]) -> list[str]:
@@ -157,8 +158,8 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
 
     argparse takes a word that starts with '-' for an option unless it looks like '-1' or '-0.5',
     so '-1e-3', '-inf' or '-1.' after a numeric flag end in "expected one argument". Joined with
-    '=', the value reaches the range check, which says what is wrong with it. Abbreviated flags
-    (`--learn -1e-3`) are joined too; argparse still resolves or refuses the abbreviation.
+    '=', the value reaches the range check, which says what is wrong with it. Only whole flag
+    names are joined: the parser refuses abbreviations (`--learn -1e-3` is an unknown flag).
     """
     out: list[str] = []
     i = 0
@@ -169,7 +170,7 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
             break
         value = argv[i + 1] if i + 1 < len(argv) else None
         if (value is not None and value.startswith("-") and parses_as_number(value) and arg.startswith("--")
-                and "=" not in arg and len(arg) > 2 and any(f.startswith(arg) for f in NUMERIC_FLAGS)):
+                and arg in NUMERIC_FLAGS):
             out.append(f"{arg}={value}")
             i += 2
             continue
