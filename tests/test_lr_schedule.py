@@ -1,3 +1,5 @@
+import pytest
+
 from trainers.training.lr_schedule import LRSchedule, WarmupCosine
 
 
@@ -24,3 +26,9 @@ def test_a_continuation_starts_at_the_last_rate_and_ends_at_the_floor():
     assert all(a > b for a, b in zip(values, values[1:])) and longer.lr_at(16) == 0.0 == longer.lr_at(30)
     assert (s.end_step, longer.end_step) == (8, 16)
     assert LRSchedule.from_state_dict(longer.state_dict()) == longer
+
+
+def test_the_schedule_ends_after_the_peak_when_the_warmup_is_not_shorter_than_the_horizon():
+    s = LRSchedule(WarmupCosine(base_lr=2e-5, warmup_steps=500, decay_steps=30))
+    assert s.lr_at(30) == pytest.approx(2e-5 * 31 / 500) and s.lr_at(499) == s.lr_at(500) == 2e-5
+    assert s.end_step == 501 and s.lr_at(501) == 0.0

@@ -37,8 +37,8 @@ def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int,
                 f"  --reconfigure-scheduler: a new cosine from the current learning rate "
                 f"({schedule.lr_at(max(0, step - 1)):.4g}) down to 0 at step {end}\n"
                 f"  --min-lr-ratio R --allow-config-change: train past step {schedule.end_step} at R x the peak rate\n"
-                f"  --lr-decay-steps {end} --allow-config-change: the original cosine stretched to step {end} (the "
-                f"rate jumps from {schedule.lr_at(step):.4g} to {_stretched(cfg, end).lr_at(step):.4g})\n"
+                f"  --lr-decay-steps {end} --allow-config-change: the original cosine stretched to step {end} "
+                f"({_jump(schedule.lr_at(step), _stretched(cfg, end).lr_at(step))})\n"
                 "or a smaller --max-steps / --epochs (nothing was changed)")
         log.info("training past the end of the learning-rate schedule (step %d): the rate stays at its floor %.4g; "
                  "pass --reconfigure-scheduler for a new decay to step %d", schedule.end_step, schedule.floor, end)
@@ -55,6 +55,13 @@ def adopt_schedule(saved: LRSchedule, configured: LRSchedule, step: int) -> LRSc
                 after / before if before else float("inf"),
                 "; the saved continuation of the schedule is dropped" if saved.continuations else "")
     return configured
+
+
+def _jump(before: float, after: float) -> str:
+    """The change of the next step's rate, as printed: equal rates (say, both in the warmup) are no jump."""
+    if f"{before:.4g}" == f"{after:.4g}":
+        return f"no jump: the next step's rate stays {before:.4g}"
+    return f"the next step's rate jumps from {before:.4g} to {after:.4g}"
 
 
 def _stretched(cfg: RunConfig, end: int) -> LRSchedule:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 
+
 def _cosine(start_lr: float, floor: float, progress: float) -> float:
     return floor + (start_lr - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, progress))))
 
@@ -30,12 +31,25 @@ class WarmupCosine:
     def floor(self) -> float:
         return self.base_lr * self.min_lr_ratio
 
+    @property
+    def end_step(self) -> int:
+        """The first step at the floor: the horizon, or the step after the peak when the warmup is not shorter."""
+        return self.decay_steps if self.decay_steps > self.warmup_steps else self.warmup_steps + 1
+
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step `step` (0-based: the first update uses lr_at(0))."""
         if self.warmup_steps > 0 and step < self.warmup_steps:
             return self.base_lr * (step + 1) / self.warmup_steps
         span = max(1, self.decay_steps - self.warmup_steps)
         return _cosine(self.base_lr, self.floor, (step - self.warmup_steps) / span)
+
+    def describe(self) -> str:
+        warmup = f"warmup {self.warmup_steps} steps to {self.base_lr:.4g}, " if self.warmup_steps else \
+            f"{self.base_lr:.4g}, "
+        if self.decay_steps <= self.warmup_steps:
+            return f"{warmup}then {self.floor:.4g} from step {self.end_step} (the warmup is not shorter than the " \
+                   f"horizon {self.decay_steps})"
+        return f"{warmup}cosine to {self.floor:.4g} at step {self.decay_steps}"
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,10 @@ class Continuation:
     def lr_at(self, step: int) -> float:
         return _cosine(self.start_lr, self.floor, (step - self.start_step) / max(1, self.end_step - self.start_step))
 
+    def describe(self) -> str:
+        return (f"from step {self.start_step} a cosine from the last rate {self.start_lr:.4g} to {self.floor:.4g} at "
+                f"step {self.end_step} (--reconfigure-scheduler)")
+
 
 @dataclass(frozen=True)
 class LRSchedule:
@@ -59,7 +77,7 @@ class LRSchedule:
     @property
     def end_step(self) -> int:
         """The step from which the learning rate stays at the floor."""
-        return self.continuations[-1].end_step if self.continuations else self.base.decay_steps
+        return self.continuations[-1].end_step if self.continuations else self.base.end_step
 
     @property
     def floor(self) -> float:
@@ -81,6 +99,10 @@ class LRSchedule:
         """A new cosine from `step` to `end_step`, starting at the rate of the step before (no jump)."""
         start_lr = self.lr_at(max(0, step - 1))
         return LRSchedule(self.base, (*self.continuations, Continuation(step, end_step, start_lr, self.floor)))
+
+    def describe(self) -> str:
+        """The whole schedule in words, for the start-up summary."""
+        return "; ".join([self.base.describe(), *(c.describe() for c in self.continuations)])
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "warmup_cosine", **asdict(self.base),
