@@ -12,7 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trainers.config.bounds import BOUNDS, flag_of, parses_as_number, real_number, whole_number
+from trainers.config.bounds import (
+    BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
+)
 from trainers.config.settings import TrainConfig
 
 
@@ -23,6 +25,9 @@ class CommandLine:
     allow_config_change: bool = False
     force_resume: bool = False
     reconfigure_scheduler: bool = False
+    rewarm: bool = False  # --rewarm, --rewarm-lr or --rewarm-steps: a re-warm continuation (trainers/run/schedule.py)
+    rewarm_lr: float | None = None
+    rewarm_steps: int | None = None
     data_roots: tuple[tuple[str, str], ...] = ()  # --data-root OLD=NEW, absolute (trainers/run/portable.py)
     additional_epochs: int = 0  # --additional-epochs N: N more epochs of data from where the run stands
     scale_lr: str | None = None  # --scale-lr linear|sqrt: the learning rate follows an effective-batch change
@@ -54,9 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--scale-lr", choices=("linear", "sqrt"),
                     help="with a changed --effective-batch (and --allow-config-change): scale the saved learning "
                          "rate by new/old batch (linear) or its square root (sqrt)")
+    rs.add_argument("--rewarm", action="store_true",
+                    help="when resuming to a later end: the learning rate rises again from its current value to a "
+                         "peak, then a cosine takes it down to the same floor at the new end (the usual way to train "
+                         "a finished run further); without it the saved schedule stands")
+    _plan_num(rs, "--rewarm-lr", "LR", "peak of the re-warm (implies --rewarm)", "the run's --learning-rate")
+    _plan_num(rs, "--rewarm-steps", "N", "steps of the re-warm's linear rise (implies --rewarm)",
+              "the run's --warmup-steps, at most a quarter of the extension")
     rs.add_argument("--reconfigure-scheduler", action="store_true",
-                    help="when resuming to a later end: a new cosine from the current learning rate to the new end "
-                         "(no jump), down to the same floor; without it the saved schedule stands")
+                    help="when resuming to a later end: no warmup, a cosine from the current learning rate down to "
+                         "the same floor at the new end (after a finished cosine the current rate is about the "
+                         "floor, so the extension trains little: see --rewarm)")
     p.add_argument("--demo", action="store_true", help="train the tiny demo config on a built-in synthetic corpus")
     return p
 
@@ -150,7 +163,15 @@ def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str, ali
     group.add_argument(flag, *([alias] if alias else []), type=kind, help=f"{text} ({bound.range_text()}) [{default}]")
 
 
-NUMERIC_FLAGS = frozenset([*(flag_of(name) for name, bound in BOUNDS.items() if bound.flag), "--lr"])
+def _plan_num(group: argparse._ArgumentGroup, flag: str, metavar: str, text: str, default: str) -> None:
+    """A numeric flag of this invocation's plan (never saved as a setting): form and range are checked here."""
+    bound = PLAN_BOUNDS[flag[2:].replace("-", "_")]
+    group.add_argument(flag, type=bounded_number(bound), metavar=metavar,
+                       help=f"{text} ({bound.range_text()}) [{default}]")
+
+
+NUMERIC_FLAGS = frozenset([*(flag_of(name) for name, bound in BOUNDS.items() if bound.flag),
+                           *(flag_of(name) for name in PLAN_BOUNDS), "--lr"])
 
 
 def join_negative_values(argv: Sequence[str]) -> list[str]:
@@ -182,11 +203,17 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
 def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     """The typed flags, with paths made absolute (a run must not depend on the directory it was started in)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    ns = vars(build_parser().parse_args(join_negative_values(args)))
+    parser = build_parser()
+    ns = vars(parser.parse_args(join_negative_values(args)))
     resume = ns.pop("resume", None)
     allow = ns.pop("allow_config_change", False)
     force = ns.pop("force_resume", False)
     reconfigure = ns.pop("reconfigure_scheduler", False)
+    rewarm_lr, rewarm_steps = ns.pop("rewarm_lr", None), ns.pop("rewarm_steps", None)
+    rewarm = ns.pop("rewarm", False) or rewarm_lr is not None or rewarm_steps is not None
+    if rewarm and reconfigure:
+        parser.error("--rewarm (or --rewarm-lr / --rewarm-steps) and --reconfigure-scheduler are two different "
+                     "continuations of the learning rate: pass one of them")
     data_roots = tuple(ns.pop("data_roots", ()))
     additional, scale_lr = ns.pop("additional_epochs", 0), ns.pop("scale_lr", None)
     for key in ("train_manifests", "val_manifests"):
@@ -196,7 +223,8 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
         if key in ns and ns[key] is not None:
             ns[key] = os.path.abspath(ns[key])
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
-                       reconfigure_scheduler=reconfigure, data_roots=data_roots, additional_epochs=additional,
+                       reconfigure_scheduler=reconfigure, rewarm=rewarm, rewarm_lr=rewarm_lr,
+                       rewarm_steps=rewarm_steps, data_roots=data_roots, additional_epochs=additional,
                        scale_lr=scale_lr)
 
 
