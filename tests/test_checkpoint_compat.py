@@ -70,3 +70,22 @@ def assert_resumed_to_step_8(resumed, run: Path) -> None:
     assert _equal_nested(new.optimizer, old.optimizer)
     steps_5_to_8 = (FIXTURE / "sample_ids.tsv").read_text().splitlines()[4:]
     assert (run / "sample_ids.tsv").read_text().splitlines() == steps_5_to_8
+
+
+def test_a_saved_continuation_of_the_old_kind_resumes_with_its_old_rates(tmp_path):
+    """A checkpoint whose schedule holds --reconfigure-scheduler's continuation as versions before re-warms
+    wrote it (no "kind"): it resumes on the rates that version gave it (see tests/test_lr_schedule.py)."""
+    old_form = {"start_step": 4, "end_step": 12, "start_lr": 0.002799038105676658, "floor": 0.0}
+    old_rates = [0.002799038105676658, 0.0026925060611152434, 0.0023891284655000854, 0.0019350918076388405,
+                 0.001399519052838329, 0.0008639462980378179, 0.0004099096401765726, 0.00010653204456141481]
+    at_4 = schema.read(FIXTURE / "model_step4.pth")
+    edited = at_4.edited("optim", lr_schedule={**at_4.lr_schedule, "continuations": [old_form]})
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save(edited.to_file(), run / "latest.pth")
+    resumed = train_here(run, "--resume", "auto", "--max-steps", "12", "--log-interval", "1",
+                         *small_corpus_flags(tmp_path / "data"))
+    assert resumed.returncode == 0, resumed.stderr
+    state = final_state(run)
+    assert [h["lr"] for h in state.history if h["kind"] == "train" and h["step"] > 4] == old_rates
+    assert state.lr_schedule["continuations"] == [old_form]

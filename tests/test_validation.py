@@ -116,13 +116,49 @@ def test_bad_flag_value_is_refused_with_the_flag_and_range(tmp_path, demo_assets
 def test_negative_numbers_reach_the_range_check_in_every_spelling():
     from trainers.config.flags import join_negative_values, parse_command_line
 
-    for argv in (["--learning-rate", "-1e-3"], ["--learning-rate=-1e-3"], ["--learn", "-1e-3"]):
+    for argv in (["--learning-rate", "-1e-3"], ["--learning-rate=-1e-3"], ["--lr", "-1e-3"], ["--lr=-1e-3"]):
         assert parse_command_line(argv).given == {"learning_rate": -1e-3}, argv
     assert parse_command_line(["--seed", "-7"]).given == {"seed": -7}
     # Only numbers after numeric flags are joined; '--' ends the options.
     assert join_negative_values(["--device", "-1e-3", "--", "--seed", "-1e3"]) == [
         "--device", "-1e-3", "--", "--seed", "-1e3"]
     assert join_negative_values(["--grad-clip", "-nan", "--seed", "--demo"]) == ["--grad-clip=-nan", "--seed", "--demo"]
+
+
+def test_lr_is_the_learning_rate_and_no_abbreviation_sets_another_flag(capsys):
+    """Issue 19.8: `--lr 1000` set --lr-decay-steps (argparse's prefix matching) and `--lr 1e-3` failed on it."""
+    from trainers.config.flags import parse_command_line
+
+    assert parse_command_line(["--lr", "1e-3"]).given == {"learning_rate": 1e-3}
+    assert parse_command_line(["--lr", "1000"]).given == {"learning_rate": 1000.0}  # then refused by its range
+    for argv in (["--lr-decay", "5"], ["--learn", "1e-3"], ["--max-step", "5"], ["--learn", "-1e-3"],
+                 ["--rewarm-l", "1e-3"], ["--reconfigure", "--resume", "auto"]):
+        with pytest.raises(SystemExit) as stopped:
+            parse_command_line(argv)
+        assert stopped.value.code == 2, argv
+        assert f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err, argv
+
+
+def test_lr_out_of_range_is_refused_by_the_range_check(tmp_path, demo_assets):
+    err = assert_refused(tmp_path / "run", [*demo_assets, "--max-steps", "1", "--lr", "-1e-3"], "--learning-rate",
+                         "> 0 and <= 1, got -0.001")
+    assert "expected one argument" not in err
+
+
+def test_every_flag_of_the_readme_table_is_a_whole_flag_name():
+    """The flag table of the README (the community trainer's flags and ours) against the parser, which
+    no longer completes abbreviations: a flag missing from the parser would now be refused."""
+    import re
+
+    from trainers.config.flags import build_parser
+
+    known = {s for action in build_parser()._actions for s in action.option_strings}
+    text = (REPO / "README.md").read_text()
+    table = text[text.index("### Flags"):text.index("## Bad settings and inputs")]
+    flags = {f for line in table.splitlines() if line.startswith("| `--")
+             for f in re.findall(r"--[a-z0-9-]+", line.split(" | ")[0])}
+    assert len(flags) > 40 and "--lr" in flags
+    assert flags <= known, sorted(flags - known)
 
 
 def test_out_of_range_values_saved_with_a_run_are_refused_by_name(tmp_path):

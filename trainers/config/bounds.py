@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 MAX_COUNT = 2**31 - 1
 MAX_SEED = 2**64 - 1
@@ -122,6 +122,13 @@ BOUNDS: dict[str, Bound] = {
 }
 
 
+# Flags of one invocation's plan, never saved as settings (the choice is saved in the LR schedule).
+PLAN_BOUNDS: dict[str, Bound] = {
+    "rewarm_lr": BOUNDS["learning_rate"],
+    "rewarm_steps": _count(),
+}
+
+
 def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -157,6 +164,16 @@ def real_number(text: str) -> float:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number (like 0.001 or 1e-3), got {text!r}") from None
+
+
+def bounded_number(bound: Bound) -> Callable[[str], int | float]:
+    """An argparse type for a flag checked at once: its form, then its range."""
+    def parse(text: str) -> int | float:
+        value = (whole_number if bound.kind is int else real_number)(text)
+        if not bound.accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {bound.describe()}, got {text!r}")
+        return value
+    return parse
 
 
 def parses_as_number(text: str) -> bool:

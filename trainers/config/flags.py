@@ -12,7 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from trainers.config.bounds import BOUNDS, flag_of, parses_as_number, real_number, whole_number
+from trainers.config.bounds import (
+    BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
+)
 from trainers.config.settings import TrainConfig
 
 
@@ -23,6 +25,9 @@ class CommandLine:
     allow_config_change: bool = False
     force_resume: bool = False
     reconfigure_scheduler: bool = False
+    rewarm: bool = False  # --rewarm, --rewarm-lr or --rewarm-steps: a re-warm continuation (trainers/run/schedule.py)
+    rewarm_lr: float | None = None
+    rewarm_steps: int | None = None
     data_roots: tuple[tuple[str, str], ...] = ()  # --data-root OLD=NEW, absolute (trainers/run/portable.py)
     additional_epochs: int = 0  # --additional-epochs N: N more epochs of data from where the run stands
     scale_lr: str | None = None  # --scale-lr linear|sqrt: the learning rate follows an effective-batch change
@@ -33,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train_gpt_v2.py",
         description="Fine-tune the IndexTTS2 GPT with exact, interruption-proof resume.",
         argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,  # `--lr 1000` must not quietly set --lr-decay-steps: only whole flag names count
     )
     d = TrainConfig()
     _data_flags(p.add_argument_group("data"), d)
@@ -53,9 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--scale-lr", choices=("linear", "sqrt"),
                     help="with a changed --effective-batch (and --allow-config-change): scale the saved learning "
                          "rate by new/old batch (linear) or its square root (sqrt)")
+    rs.add_argument("--rewarm", action="store_true",
+                    help="when resuming to a later end: the learning rate rises again from its current value to a "
+                         "peak, then a cosine takes it down to the same floor at the new end (the usual way to train "
+                         "a finished run further); without it the saved schedule stands")
+    _plan_num(rs, "--rewarm-lr", "LR", "peak of the re-warm (implies --rewarm)", "the run's --learning-rate")
+    _plan_num(rs, "--rewarm-steps", "N", "steps of the re-warm's linear rise (implies --rewarm)",
+              "the run's --warmup-steps, at most a quarter of the extension")
     rs.add_argument("--reconfigure-scheduler", action="store_true",
-                    help="when resuming to a later end: a new cosine from the current learning rate to the new end "
-                         "(no jump), down to the same floor; without it the saved schedule stands")
+                    help="when resuming to a later end: no warmup, a cosine from the current learning rate down to "
+                         "the same floor at the new end (after a finished cosine the current rate is about the "
+                         "floor, so the extension trains little: see --rewarm)")
     p.add_argument("--demo", action="store_true", help="train the tiny demo config on a built-in synthetic corpus")
     return p
 
@@ -82,7 +96,7 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
          "micro-batches per optimizer step (0: auto; without --effective-batch, batch size x this sets it)")
     _num(opt, "--epochs", d.epochs, "epochs to train")
     _num(opt, "--max-steps", d.max_steps, "stop after this many optimizer steps (0: no limit)")
-    _num(opt, "--learning-rate", d.learning_rate, "peak learning rate")
+    _num(opt, "--learning-rate", d.learning_rate, "peak learning rate", alias="--lr")
     _num(opt, "--warmup-steps", d.warmup_steps, "linear warmup steps")
     _num(opt, "--lr-decay-steps", d.lr_decay_steps, "cosine horizon (0: the planned length of the first run)")
     _num(opt, "--min-lr-ratio", d.min_lr_ratio, "final learning rate as a fraction of the peak")
@@ -141,15 +155,23 @@ def _data_root(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str) -> None:
+def _num(group: argparse._ArgumentGroup, flag: str, default: Any, text: str, alias: str | None = None) -> None:
     """A numeric flag: its form (whole number or not) is checked here, its range with the other settings
     (trainers/config/bounds.py), so a value from a saved run is held to the same range."""
     bound = BOUNDS[flag[2:].replace("-", "_")]
     kind = whole_number if bound.kind is int else real_number
-    group.add_argument(flag, type=kind, help=f"{text} ({bound.range_text()}) [{default}]")
+    group.add_argument(flag, *([alias] if alias else []), type=kind, help=f"{text} ({bound.range_text()}) [{default}]")
 
 
-NUMERIC_FLAGS = frozenset(flag_of(name) for name, bound in BOUNDS.items() if bound.flag)
+def _plan_num(group: argparse._ArgumentGroup, flag: str, metavar: str, text: str, default: str) -> None:
+    """A numeric flag of this invocation's plan (never saved as a setting): form and range are checked here."""
+    bound = PLAN_BOUNDS[flag[2:].replace("-", "_")]
+    group.add_argument(flag, type=bounded_number(bound), metavar=metavar,
+                       help=f"{text} ({bound.range_text()}) [{default}]")
+
+
+NUMERIC_FLAGS = frozenset([*(flag_of(name) for name, bound in BOUNDS.items() if bound.flag),
+                           *(flag_of(name) for name in PLAN_BOUNDS), "--lr"])
 
 
 def join_negative_values(argv: Sequence[str]) -> list[str]:
@@ -157,8 +179,8 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
 
     argparse takes a word that starts with '-' for an option unless it looks like '-1' or '-0.5',
     so '-1e-3', '-inf' or '-1.' after a numeric flag end in "expected one argument". Joined with
-    '=', the value reaches the range check, which says what is wrong with it. Abbreviated flags
-    (`--learn -1e-3`) are joined too; argparse still resolves or refuses the abbreviation.
+    '=', the value reaches the range check, which says what is wrong with it. Only whole flag
+    names are joined: the parser refuses abbreviations (`--learn -1e-3` is an unknown flag).
     """
     out: list[str] = []
     i = 0
@@ -169,7 +191,7 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
             break
         value = argv[i + 1] if i + 1 < len(argv) else None
         if (value is not None and value.startswith("-") and parses_as_number(value) and arg.startswith("--")
-                and "=" not in arg and len(arg) > 2 and any(f.startswith(arg) for f in NUMERIC_FLAGS)):
+                and arg in NUMERIC_FLAGS):
             out.append(f"{arg}={value}")
             i += 2
             continue
@@ -181,11 +203,17 @@ def join_negative_values(argv: Sequence[str]) -> list[str]:
 def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     """The typed flags, with paths made absolute (a run must not depend on the directory it was started in)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    ns = vars(build_parser().parse_args(join_negative_values(args)))
+    parser = build_parser()
+    ns = vars(parser.parse_args(join_negative_values(args)))
     resume = ns.pop("resume", None)
     allow = ns.pop("allow_config_change", False)
     force = ns.pop("force_resume", False)
     reconfigure = ns.pop("reconfigure_scheduler", False)
+    rewarm_lr, rewarm_steps = ns.pop("rewarm_lr", None), ns.pop("rewarm_steps", None)
+    rewarm = ns.pop("rewarm", False) or rewarm_lr is not None or rewarm_steps is not None
+    if rewarm and reconfigure:
+        parser.error("--rewarm (or --rewarm-lr / --rewarm-steps) and --reconfigure-scheduler are two different "
+                     "continuations of the learning rate: pass one of them")
     data_roots = tuple(ns.pop("data_roots", ()))
     additional, scale_lr = ns.pop("additional_epochs", 0), ns.pop("scale_lr", None)
     for key in ("train_manifests", "val_manifests"):
@@ -195,7 +223,8 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
         if key in ns and ns[key] is not None:
             ns[key] = os.path.abspath(ns[key])
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
-                       reconfigure_scheduler=reconfigure, data_roots=data_roots, additional_epochs=additional,
+                       reconfigure_scheduler=reconfigure, rewarm=rewarm, rewarm_lr=rewarm_lr,
+                       rewarm_steps=rewarm_steps, data_roots=data_roots, additional_epochs=additional,
                        scale_lr=scale_lr)
 
 

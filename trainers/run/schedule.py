@@ -2,7 +2,12 @@
 
 Decided before the model is built, together with where this invocation stops, so that a plan
 that would train at a learning rate of 0 is refused in seconds instead of running for hours
-without changing a weight.
+without changing a weight, and a plan that trains on at the floor says so before it starts.
+
+A continuation (--rewarm, --reconfigure-scheduler) is saved with the schedule. Passing the
+same flags again on a resume of that extension keeps the saved continuation instead of
+starting another one from the resume step, so re-running the command that was interrupted
+resumes exactly.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from dataclasses import replace
 from trainers.config.flags import CommandLine
 from trainers.errors import UserError
 from trainers.run.resolve import RunConfig
-from trainers.training.lr_schedule import LRSchedule
+from trainers.training.lr_schedule import Continuation, LRSchedule, Rewarm
 from trainers.training.optimization import configured_schedule
 
 log = logging.getLogger("train")
@@ -20,29 +25,79 @@ log = logging.getLogger("train")
 
 def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int, cmd: CommandLine) -> LRSchedule:
     schedule = adopt_schedule(saved, configured_schedule(cfg.train), step) if saved else configured_schedule(cfg.train)
-    if cmd.reconfigure_scheduler:
+    if cmd.rewarm or cmd.reconfigure_scheduler:
+        flag = "--rewarm" if cmd.rewarm else "--reconfigure-scheduler"
         if saved is None:
-            log.info("--reconfigure-scheduler applies when resuming; this run starts at step 0 with its planned "
-                     "schedule")
+            log.info("%s applies when resuming; this run starts at step 0 with its planned schedule", flag)
+        elif end > step and _already_planned(schedule, step, end, cmd):
+            log.info("learning rate: the saved schedule already holds this %s continuation (%s); it goes on as saved",
+                     flag, schedule.continuations[-1].describe())
         elif end > step:
-            schedule = schedule.continued(step, end)
-            log.info("learning rate: a new cosine from step %d (%.4g, the rate of the last step) down to %.4g at step "
-                     "%d (--reconfigure-scheduler)", step, schedule.lr_at(step), schedule.floor, end)
+            schedule = _extended(schedule, step, end, cmd)
         return schedule
     if end > schedule.end_step:
         if schedule.floor == 0.0:
             raise UserError(
                 f"this run would train to step {end}, but its learning-rate schedule ends at step {schedule.end_step} "
                 f"and stays at 0 after it (--min-lr-ratio 0): those steps would change no weight. Choose one:\n"
-                f"  --reconfigure-scheduler: a new cosine from the current learning rate "
-                f"({schedule.lr_at(max(0, step - 1)):.4g}) down to 0 at step {end}\n"
+                f"{_choices(cfg, schedule, step, end)}\n"
                 f"  --min-lr-ratio R --allow-config-change: train past step {schedule.end_step} at R x the peak rate\n"
-                f"  --lr-decay-steps {end} --allow-config-change: the original cosine stretched to step {end} (the "
-                f"rate jumps from {schedule.lr_at(step):.4g} to {_stretched(cfg, end).lr_at(step):.4g})\n"
                 "or a smaller --max-steps / --epochs (nothing was changed)")
-        log.info("training past the end of the learning-rate schedule (step %d): the rate stays at its floor %.4g; "
-                 "pass --reconfigure-scheduler for a new decay to step %d", schedule.end_step, schedule.floor, end)
+        first = max(step, schedule.end_step) + 1
+        log.warning("training past the end of the learning-rate schedule (step %d): steps %d to %d train at its floor "
+                    "%.4g (--min-lr-ratio %g), the lowest rate of the run. To train them at a higher rate, stop now "
+                    "(Ctrl-C) and resume with one of:\n%s", schedule.end_step, first, end, schedule.floor,
+                    schedule.base.min_lr_ratio, _choices(cfg, schedule, step, end))
     return schedule
+
+
+def _choices(cfg: RunConfig, schedule: LRSchedule, step: int, end: int) -> str:
+    """The continuations offered for an extension past the schedule's end, each with what it does to the rate."""
+    last = schedule.lr_at(max(0, step - 1))
+    peak, rise = schedule.base.base_lr, default_rewarm_steps(schedule, step, end)
+    jump = _jump(schedule.lr_at(step), _stretched(cfg, end).lr_at(step))
+    return (f"  --rewarm: the rate rises from its current {last:.4g} back to the peak {peak:.4g} over {rise} steps, "
+            f"then a cosine takes it down to {schedule.floor:.4g} at step {end} (the usual way to train a finished "
+            f"run further; --rewarm-lr and --rewarm-steps change the peak and the rise)\n"
+            f"  --reconfigure-scheduler: no warmup, a cosine from the current {last:.4g} down to {schedule.floor:.4g} "
+            f"at step {end}: the rate never rises above {last:.4g}\n"
+            f"  --lr-decay-steps {end} --allow-config-change: the original cosine stretched to step {end} ({jump})")
+
+
+def default_rewarm_steps(schedule: LRSchedule, step: int, end: int) -> int:
+    """The run's --warmup-steps, but at most a quarter of the extension, so most of it is the decay."""
+    return min(schedule.base.warmup_steps, (end - step) // 4)
+
+
+def _extended(schedule: LRSchedule, step: int, end: int, cmd: CommandLine) -> LRSchedule:
+    if cmd.reconfigure_scheduler:
+        schedule = schedule.continued(step, end)
+        log.info("learning rate: a new cosine from step %d (%.4g, the rate of the last step) down to %.4g at step "
+                 "%d (--reconfigure-scheduler)", step, schedule.lr_at(step), schedule.floor, end)
+        return schedule
+    peak = cmd.rewarm_lr if cmd.rewarm_lr is not None else schedule.base.base_lr
+    rise = cmd.rewarm_steps if cmd.rewarm_steps is not None else default_rewarm_steps(schedule, step, end)
+    if rise >= end - step:
+        raise UserError(f"--rewarm-steps {rise}: this invocation trains {end - step} steps (step {step} to {end}), "
+                        f"so the rate would never come down from its peak; pass --rewarm-steps below {end - step}, or "
+                        "leave it out for the default (the run's --warmup-steps, at most a quarter of the extension)")
+    schedule = schedule.rewarmed(step, end, peak, rise)
+    log.info("learning rate: %s; the first step after the resume trains at %.4g", schedule.continuations[-1].describe(),
+             schedule.lr_at(step))
+    return schedule
+
+
+def _already_planned(schedule: LRSchedule, step: int, end: int, cmd: CommandLine) -> bool:
+    """The saved schedule's last continuation is the one this command asks for (a resume of that extension)."""
+    if not schedule.continuations:
+        return False
+    last = schedule.continuations[-1]
+    if last.end_step != end or last.start_step > step:
+        return False
+    if cmd.reconfigure_scheduler:
+        return isinstance(last, Continuation)
+    return (isinstance(last, Rewarm) and cmd.rewarm_lr in (None, last.peak_lr)
+            and cmd.rewarm_steps in (None, last.warmup_steps))
 
 
 def adopt_schedule(saved: LRSchedule, configured: LRSchedule, step: int) -> LRSchedule:
@@ -55,6 +110,13 @@ def adopt_schedule(saved: LRSchedule, configured: LRSchedule, step: int) -> LRSc
                 after / before if before else float("inf"),
                 "; the saved continuation of the schedule is dropped" if saved.continuations else "")
     return configured
+
+
+def _jump(before: float, after: float) -> str:
+    """The change of the next step's rate, as printed: equal rates (say, both in the warmup) are no jump."""
+    if f"{before:.4g}" == f"{after:.4g}":
+        return f"no jump: the next step's rate stays {before:.4g}"
+    return f"the next step's rate jumps from {before:.4g} to {after:.4g}"
 
 
 def _stretched(cfg: RunConfig, end: int) -> LRSchedule:

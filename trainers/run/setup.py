@@ -192,5 +192,8 @@ def log_summary(run: Run) -> None:
     log.info("data workers %d (%s); amp %s (%s); TF32 %s", hw.num_workers, hw.workers_reason,
              str(hw.amp_dtype).replace("torch.", "") if hw.amp_dtype else "off", amp_why,
              "on" if hw.tf32 else "off" + (" (--no-tf32)" if hw.hardware.is_cuda and not cfg.tf32 else ""))
-    log.info("run directory %s; training to step %d (lr decay horizon %d)", run.cfg.run_dir, run.total_steps,
-             cfg.lr_decay_steps)
+    schedule = run.optim.schedule
+    past_end = f"; the floor {schedule.floor:.4g} from step {schedule.end_step} on" \
+        if run.total_steps > schedule.end_step else ""
+    log.info("run directory %s; training to step %d; learning rate: %s%s", run.cfg.run_dir, run.total_steps,
+             schedule.describe(), past_end)
