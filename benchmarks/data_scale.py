@@ -14,7 +14,11 @@ What it does:
    * loader workers: a resume with --num-workers W that runs 40 more steps, watching each worker;
    * torchrun: a fresh start and a resume with P processes (gloo on the CPU), in their own run
      directory, watching every trainer process.
-4. Memory is read from /proc while the trainer runs (every 0.2 s, and once more at the moment its
+4. In this process, for the largest N: what the validated-manifest cache costs and saves (the content
+   fingerprint of the manifest, the full check, a check reused from the cache) and what one stat of a
+   feature file costs (over STAT_FILES fresh empty files, warm), the per-file pass a cache keyed on
+   the manifests alone would have to repeat on every resume.
+5. Memory is read from /proc while the trainer runs (every 0.2 s, and once more at the moment its
    "first optimizer step finished" line is read): RSS of the main process at the first step,
    its peak (VmHWM), and for several processes PSS (shared pages divided among the processes
    that map them: what the processes hold together) and USS (pages a process alone holds).
@@ -34,7 +38,6 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +57,7 @@ FIRST_STEP_RE = re.compile(r"first optimizer step finished ([0-9.]+) s after pro
 BYTES_PER_SAMPLE = 100
 RESUME_EXTRA_S = 2.0
 WORKER_STEPS = 40
+STAT_FILES = 20_000
 RUN_TIMEOUT_S = 900
 POLL_S = 0.2
 
@@ -221,6 +225,45 @@ def median_result(results: list[Result]) -> Result:
     return results[len(results) // 2]
 
 
+def measure_parts(work: Path, manifest: Path) -> list[str]:
+    from trainers.data.feature_folders import file_state
+    from trainers.data.manifest import ManifestSpec, manifests_fingerprint, validate_manifests
+    from trainers.data.manifest_cache import read_manifests
+    from trainers.data.manifest_lines import DataLimits
+
+    specs, limits = [ManifestSpec(manifest, None)], DataLimits(48, 150)  # checkpoints/demo.yaml's limits
+    cache = work / "parts" / "train.samples"
+    shutil.rmtree(cache.parent, ignore_errors=True)
+    timed = {}
+    for name, call in (("fingerprint (sha256 of the manifest bytes)", lambda: manifests_fingerprint(specs)),
+                       ("full check (parse, validate, stat each feature file)",
+                        lambda: validate_manifests(specs, limits, "--train-manifest")),
+                       ("first start: full check and cache written",
+                        lambda: read_manifests(specs, limits, "--train-manifest", cache).save()),
+                       ("resume: check reused from the cache (fingerprint included)",
+                        lambda: read_manifests(specs, limits, "--train-manifest", cache))):
+        start = time.perf_counter()
+        call()
+        timed[name] = time.perf_counter() - start
+    folder = work / "stat_files"
+    folder.mkdir(exist_ok=True)
+    paths = [str(folder / f"{i:06d}_codes.npy") for i in range(STAT_FILES)]
+    for p in paths:
+        open(p, "ab").close()
+    for p in paths:  # warm the inode cache, as on the first start
+        file_state(p)
+    start = time.perf_counter()
+    for p in paths:
+        file_state(p)
+    per_file = (time.perf_counter() - start) / STAT_FILES
+    size = manifest.stat().st_size / 2 ** 20
+    out = [f"{manifest.name} ({size:.0f} MiB): " + "; ".join(f"{k} {v:.2f} s" for k, v in timed.items()),
+           f"one feature-file stat (lstat + access, warm): {per_file * 1e6:.1f} us, so a million paired samples "
+           f"with 3 unique files each would pay {per_file * 3e6:.1f} s per resume for a per-file pass"]
+    print("\n".join(out), flush=True)
+    return out
+
+
 def main() -> int:
     args = parse_args()
     given = args.work_dir is not None
@@ -265,6 +308,7 @@ def main() -> int:
             lines_out.append(f"  loader workers over {WORKER_STEPS} steps, largest figures: " + ", ".join(
                 f"pid {p}: rss {gib(m['rss'])} uss {gib(m['uss'])}" for p, m in sorted(workers.items())))
             print("\n".join(lines_out[-2:]), flush=True)
+        lines_out += measure_parts(work, work / f"train_{largest}.jsonl")
         if args.torchrun:
             run_dir = work / "runs" / f"n{largest}_ddp"
             shutil.rmtree(run_dir, ignore_errors=True)
