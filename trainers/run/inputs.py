@@ -17,6 +17,8 @@ import yaml
 
 from trainers.config.settings import TrainConfig
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.data.feature_fit import check_features_fit
+from trainers.data.features import FeatureSpec
 from trainers.data.manifest import DataLimits, ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
 from trainers.data.sample_table import SampleTable
@@ -119,6 +121,8 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         log.warning("no --val-manifest given: validation is skipped; pass one to track over-fitting")
     log.info("data: %d training samples from %d manifest(s), %d validation samples", len(train.table),
              len(train_specs), len(val.table) if val else 0)
+    spec = FeatureSpec(gpt.model_dim, gpt.number_text_tokens, gpt.start_mel_token)
+    check_features_fit([train.table, *([val.table] if val else [])], spec, cfg.config)
     fingerprints = {
         "data": train.fingerprint,
         "tokenizer": tokenizer_sha,
