@@ -17,7 +17,9 @@ What it does:
 4. In this process, for the largest N: what the validated-manifest cache costs and saves (the content
    fingerprint of the manifest, the full check, a check reused from the cache) and what one stat of a
    feature file costs (over STAT_FILES fresh empty files, warm), the per-file pass a cache keyed on
-   the manifests alone would have to repeat on every resume.
+   the manifests alone would have to repeat on every resume. And what a forked loader worker
+   copies: a child process reads every sample once (what an epoch of FeatureDataset.__getitem__
+   does, without the file loads) and reports its private memory (USS) before and after.
 5. Memory is read from /proc while the trainer runs (every 0.2 s, and once more at the moment its
    "first optimizer step finished" line is read): RSS of the main process at the first step,
    its peak (VmHWM), and for several processes PSS (shared pages divided among the processes
@@ -105,8 +107,8 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def memory(pid: int) -> dict[str, int] | None:
-    """rss, hwm, pss, uss of one process in bytes (None once it is gone)."""
+def memory(pid: int, trainers_only: bool = True) -> dict[str, int] | None:
+    """rss, hwm, pss, uss of one process in bytes (None once it is gone, or not a trainer)."""
     values: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -122,7 +124,7 @@ def memory(pid: int) -> dict[str, int] | None:
             cmdline = f.read()
     except (OSError, ValueError):
         return None
-    if b"train_gpt_v2" not in cmdline and b"torch.distributed.run" not in cmdline:
+    if trainers_only and b"train_gpt_v2" not in cmdline and b"torch.distributed.run" not in cmdline:
         return None  # not ours (e.g. a shell)
     return {"rss": values.get("rss", 0), "hwm": values.get("hwm", 0), "pss": values.get("Pss", 0),
             "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)}
@@ -257,11 +259,34 @@ def measure_parts(work: Path, manifest: Path) -> list[str]:
         file_state(p)
     per_file = (time.perf_counter() - start) / STAT_FILES
     size = manifest.stat().st_size / 2 ** 20
-    out = [f"{manifest.name} ({size:.0f} MiB): " + "; ".join(f"{k} {v:.2f} s" for k, v in timed.items()),
+    out = [worker_copy(specs, limits)] + [f"{manifest.name} ({size:.0f} MiB): " + "; ".join(f"{k} {v:.2f} s" for k, v in timed.items()),
            f"one feature-file stat (lstat + access, warm): {per_file * 1e6:.1f} us, so a million paired samples "
            f"with 3 unique files each would pay {per_file * 3e6:.1f} s per resume for a per-file pass"]
     print("\n".join(out), flush=True)
     return out
+
+
+def worker_copy(specs: list, limits: object) -> str:
+    """Private memory of a forked child before and after it reads every sample once."""
+    from trainers.data.manifest import load_manifests
+
+    samples = load_manifests(specs, limits)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a loader worker's view of the samples
+        os.close(read)
+        before = memory(os.getpid(), trainers_only=False)["uss"]
+        for i in range(len(samples)):
+            samples[i].codes_path
+        after = memory(os.getpid(), trainers_only=False)["uss"]
+        os.write(write, f"{before} {after}".encode())
+        os._exit(0)
+    os.close(write)
+    before, after = (int(x) for x in os.read(read, 100).split())
+    os.waitpid(pid, 0)
+    os.close(read)
+    return (f"forked worker reading each of {len(samples):,} samples once: private memory {gib(before)} -> "
+            f"{gib(after)} (+{(after - before) / len(samples):.0f} bytes per sample copied from the parent)")
 
 
 def main() -> int:
