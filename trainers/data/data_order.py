@@ -145,7 +145,10 @@ class DataOrder:
             if self.grouped:
                 raise ValueError("DataOrder(grouped=True) needs the packed length of every sample (lengths=...)")
             return
-        lengths = np.array(self.lengths, dtype=np.int64)  # a private copy, made read-only
+        lengths = self.lengths
+        frozen = isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and not lengths.flags.writeable
+        if not (frozen and lengths.flags.owndata):  # a read-only array of its own is shared, not copied
+            lengths = np.array(lengths, dtype=np.int64)  # a private copy, made read-only
         if lengths.shape != (self.num_samples,):
             raise ValueError(f"lengths has shape {lengths.shape}; expected one length per sample ({self.num_samples},)")
         if self.num_samples and lengths.min() < 1:

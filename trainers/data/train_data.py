@@ -38,6 +38,7 @@ class TrainData:
         self.grouped = grouped
         self.subset_size = train_samples or len(self.samples)
         self.lengths = packed_lengths(self.samples.text_len, self.samples.code_len)
+        self.lengths.setflags(write=False)  # shared with each epoch's DataOrder instead of copied
         self.epoch = 0
         self.step_in_epoch = 0  # steps taken in this epoch (a label: the offset is the position)
         self.samples_in_epoch = 0
@@ -67,7 +68,8 @@ class TrainData:
     def plan_epoch(self, micro_batch: int) -> StepPlans:
         """The remaining steps of the current epoch, each cut into micro-batches (of sample indices)."""
         chosen = self.subset(self.order_samples)
-        order = DataOrder(self.seed, len(chosen), self.order_batch, self.lengths[chosen], self.order_grouped)
+        lengths = self.lengths if len(chosen) == len(self.samples) else self.lengths[chosen]
+        order = DataOrder(self.seed, len(chosen), self.order_batch, lengths, self.order_grouped)
         return order.plan_rest(self.epoch, self.samples_in_epoch, self.effective_batch, micro_batch,
                                self.step_in_epoch, chosen if len(chosen) < len(self.samples) else None)
 
