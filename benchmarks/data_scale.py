@@ -317,8 +317,9 @@ def main() -> int:
                 resume_runs.append(timed_run([*base_cmd, "--resume", "auto", "--max-steps", "2"], env_for(),
                                              f"resume {n}"))
             table[(n, "fresh")], table[(n, "resume")] = median_result(fresh_runs), median_result(resume_runs)
-            for kind in ("fresh", "resume"):
-                lines_out.append(describe(f"{n:>9,} lines {kind:<6}", table[(n, kind)]))
+            for kind, runs in (("fresh", fresh_runs), ("resume", resume_runs)):
+                each = f" [runs: {', '.join(f'{r.own:.2f} s' for r in runs)}]" if len(runs) > 1 else ""
+                lines_out.append(describe(f"{n:>9,} lines {kind:<6}", table[(n, kind)]) + each)
                 print(lines_out[-1], flush=True)
         largest = args.sizes[-1]
         data = [*common, "--train-manifest", str(work / f"train_{largest}.jsonl")]
@@ -385,8 +386,8 @@ def report(args: argparse.Namespace, table: dict, lines_out: list[str], t_begin:
                 ok &= per <= BYTES_PER_SAMPLE
                 print(f"{kind}: PSS per process, less one process's PSS at {small:,} lines, per sample: {per:.0f} "
                       f"bytes (target <= {BYTES_PER_SAMPLE})")
-    print(f"how: demo model, effective batch 16, --num-workers 0 unless stated, OMP_NUM_THREADS=1; single runs "
-          f"(--repeats {args.repeats}, median); {os.cpu_count()} CPU core(s) {platform.machine()}, python "
+    print(f"how: demo model, effective batch 16, --num-workers 0 unless stated, OMP_NUM_THREADS=1; fresh and resumed "
+          f"runs: the median of {args.repeats} by time to the first step, the other cases one run each; {os.cpu_count()} CPU core(s) {platform.machine()}, python "
           f"{platform.python_version()}; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} "
           f"(a shared machine: expect noise); benchmark total {time.monotonic() - t_begin:.0f} s")
     return 0 if ok else 1
