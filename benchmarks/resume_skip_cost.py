@@ -61,7 +61,7 @@ BATCH = 16
 TARGET_RATIO = 1.2
 DEEP_FRACTION = 0.75
 FIRST_STEP_RE = re.compile(r"first optimizer step finished ([0-9.]+) s after process start")
-RESUME_RE = re.compile(r"resuming from .* \(step (\d+), epoch (\d+), step (\d+) of that epoch\)")
+RESUME_RE = re.compile(r"resuming from .* \(step (\d+), epoch (\d+), step (\d+) of that epoch[;)]")
 PAIRED_PATH_KEYS = ("prompt_condition_path", "prompt_emo_vec_path", "target_text_ids_path",
                     "target_codes_path", "target_emo_vec_path")
 RUN_TIMEOUT_S = 300

@@ -350,8 +350,8 @@ def test_large_manifest_with_few_files_stats_each_file_once(tmp_path, monkeypatc
     from trainers.data import manifest_lines
 
     stats = []
-    real = manifest_lines._file_problem
-    monkeypatch.setattr(manifest_lines, "_file_problem", lambda path: stats.append(path) or real(path))
+    real = manifest_lines.file_state
+    monkeypatch.setattr(manifest_lines, "file_state", lambda path: stats.append(path) or real(path))
     samples = load_manifests([ManifestSpec(manifest, None)], LIMITS)
     assert len(samples) == 20_000
     assert samples[-1].index == 19_999

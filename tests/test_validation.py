@@ -332,3 +332,48 @@ def test_an_unknown_gpt_key_unlike_any_setting_is_kept_with_a_warning(tmp_path, 
         assert read_model_yaml(str(path))["gpt"]["my_note"] == "v2 voice"
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "gpt.my_note is not a setting" in warned[0], warned
+
+
+# --- features of another model size -------------------------------------------------------------
+
+
+def _wide_features(tmp_path: Path, demo_assets: list[str], width: int) -> Path:
+    """The first demo lines with conditioning features `width` wide, as the official extractor writes them."""
+    lines = _demo_lines(demo_assets, 6)
+    for i, line in enumerate(lines):
+        line["prompt_condition_path"] = str(tmp_path / f"cond{i}.npy")
+        line["prompt_emo_vec_path"] = str(tmp_path / f"emo{i}.npy")
+        np.save(line["prompt_condition_path"], np.zeros((1, 32, width), dtype=np.float32))  # with a batch axis
+        np.save(line["prompt_emo_vec_path"], np.zeros(width, dtype=np.float32))
+    manifest = tmp_path / "wide.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest
+
+
+@pytest.mark.parametrize("case", ["smaller config", "official features"])
+def test_features_of_another_model_size_are_refused_before_the_model_is_built(tmp_path, demo_assets, monkeypatch,
+                                                                              case):
+    from trainers.model.gpt_model import UnifiedVoiceGPT
+
+    if case == "smaller config":  # the demo's 64-wide features, a config of width 32
+        manifest = Path(flag_value(demo_assets, "--train-manifest"))
+        config = yaml.safe_load(DEMO_YAML.read_text())
+        config["gpt"]["model_dim"] = 32
+        path = tmp_path / "small.yaml"
+        path.write_text(yaml.safe_dump(config))
+        expected = ["gpt.model_dim is 32", "64 wide", "width 64 is gpt.model_dim of checkpoints/demo.yaml",
+                    "pass --config checkpoints/demo.yaml"]
+    else:  # features of the official model (1280 wide) with the demo config
+        manifest, path = _wide_features(tmp_path, demo_assets, 1280), DEMO_YAML
+        expected = ["gpt.model_dim is 64", "1280 wide", "width 1280 is gpt.model_dim of checkpoints/config.yaml "
+                    "(the official IndexTTS2 model)", "pass --config checkpoints/config.yaml"]
+    built = []
+    real_init = UnifiedVoiceGPT.__init__
+    monkeypatch.setattr(UnifiedVoiceGPT, "__init__", lambda self, *a, **k: built.append(1) or real_init(self, *a, **k))
+    out = tmp_path / "run"  # a fresh start: run_config.json, logs/ and the data cache stay absent with the directory
+    args = ["--train-manifest", str(manifest), "--tokenizer", flag_value(demo_assets, "--tokenizer"),
+            "--config", str(path), "--max-steps", "1"]
+    err = assert_refused(out, args, f"--config {path}:", "the features were extracted for another model size",
+                         f"{manifest}:1:", *expected)
+    assert not out.exists() and built == []
+    assert "fix or drop that sample" not in err

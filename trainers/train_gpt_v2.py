@@ -277,11 +277,9 @@ def accumulate_gradients(run: Run, plan: StepPlan, share: StepPlan, batches,
     """Forward and backward of this process's micro-batches of the step (`share`: all of them without torchrun);
     returns the summed loss terms."""
     cfg, step = run.cfg.train, run.progress.step
-    samples = run.data.samples
     # Divide by the token count of the whole step so the gradient does not depend on the split (nor, under
     # torchrun, on the number of processes: every process divides by the whole step's count).
-    text_total = sum(samples[i].text_len + 1 for i in plan.samples)
-    mel_total = sum(samples[i].code_len + 1 for i in plan.samples)
+    text_total, mel_total = run.data.token_counts(plan)
     totals: dict[str, torch.Tensor] = {}
     for j, expected in enumerate(share.micro_batches):
         host_batch = next(batches)
@@ -337,9 +335,7 @@ def keep_if_best(run: Run, means: dict[str, float]) -> None:
 def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str | None]:
     """Metrics per language over the first `count` validation samples (one language per batch)."""
     size = run.hw.val_batch
-    by_lang: dict[str, list[int]] = {}
-    for sample in run.val_loader.dataset.samples[:count]:
-        by_lang.setdefault(sample.lang or "", []).append(sample.index)
+    by_lang = run.val_loader.dataset.samples.languages(count)
     mine = {lang: run.world.share(ids) for lang, ids in by_lang.items()}  # under torchrun: every N-th sample
     chunks = [(lang, ids[i: i + size]) for lang, ids in sorted(mine.items()) for i in range(0, len(ids), size)]
     run.model.eval()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -144,7 +145,10 @@ class DataOrder:
             if self.grouped:
                 raise ValueError("DataOrder(grouped=True) needs the packed length of every sample (lengths=...)")
             return
-        lengths = np.array(self.lengths, dtype=np.int64)  # a private copy, made read-only
+        lengths = self.lengths
+        frozen = isinstance(lengths, np.ndarray) and lengths.dtype == np.int64 and not lengths.flags.writeable
+        if not (frozen and lengths.flags.owndata):  # a read-only array of its own is shared, not copied
+            lengths = np.array(lengths, dtype=np.int64)  # a private copy, made read-only
         if lengths.shape != (self.num_samples,):
             raise ValueError(f"lengths has shape {lengths.shape}; expected one length per sample ({self.num_samples},)")
         if self.num_samples and lengths.min() < 1:
@@ -167,18 +171,63 @@ class DataOrder:
         """Plans for steps start_step.. of one epoch; earlier steps are never materialised."""
         return self.plan_rest(epoch, start_step * self.effective_batch, self.effective_batch, micro_batch, start_step)
 
-    def plan_rest(self, epoch: int, offset: int, batch: int, micro_batch: int, first_step: int = 0) -> list[StepPlan]:
+    def plan_rest(self, epoch: int, offset: int, batch: int, micro_batch: int, first_step: int = 0,
+                  chosen: np.ndarray | None = None) -> StepPlans:
         """Plans for the rest of an epoch from sample `offset`, in steps of `batch` samples.
 
         `batch` differs from this order's effective batch only after an allowed change of the
         effective batch mid-epoch: the epoch keeps the order it was made with and its rest is
-        cut anew, so no sample is repeated or skipped.
+        cut anew, so no sample is repeated or skipped. `chosen`: this order numbers a training
+        subset; chosen[i] is the sample index of its i-th member.
         """
-        rest = self.flat_order(epoch)[offset:]
-        plans = []
-        for k, i in enumerate(range(0, len(rest), batch)):
-            samples = rest[i: i + batch]
-            if self.grouped:
-                samples = longest_first(samples, self.lengths)
-            plans.append(StepPlan(epoch, first_step + k, split_micro_batches(samples, micro_batch)))
-        return plans
+        return StepPlans(self, epoch, self.flat_order(epoch)[offset:], batch, micro_batch, first_step, chosen)
+
+
+class StepPlans(Sequence[StepPlan]):
+    """The steps of the rest of an epoch, each made when it is reached: an epoch of a million samples is
+    one array of indices, not a Python list per step made before the first one."""
+
+    def __init__(self, order: DataOrder, epoch: int, rest: np.ndarray, batch: int, micro_batch: int,
+                 first_step: int, chosen: np.ndarray | None = None, steps: int | None = None,
+                 then: Callable[[StepPlan], StepPlan] | None = None) -> None:
+        self.order, self.epoch, self.rest, self.batch = order, epoch, rest, batch
+        self.micro_batch, self.first_step, self.chosen, self.then = micro_batch, first_step, chosen, then
+        self.steps = math.ceil(len(rest) / batch) if steps is None else steps
+
+    def _with(self, steps: int, then: Callable[[StepPlan], StepPlan] | None) -> StepPlans:
+        return StepPlans(self.order, self.epoch, self.rest, self.batch, self.micro_batch, self.first_step,
+                         self.chosen, steps, then)
+
+    def each(self, then: Callable[[StepPlan], StepPlan]) -> StepPlans:
+        """The same steps, each passed through `then` when it is made (e.g. one process's share of it)."""
+        before = self.then
+        return self._with(self.steps, then if before is None else lambda plan: then(before(plan)))
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            start, stop, stride = k.indices(self.steps)
+            if start == 0 and stride == 1:  # a prefix (the steps left in a run) stays lazy
+                return self._with(stop, self.then)
+            return [self[i] for i in range(start, stop, stride)]
+        if k < 0:
+            k += self.steps
+        if not 0 <= k < self.steps:
+            raise IndexError(f"step {k} of {self.steps}")
+        samples = self.rest[k * self.batch: (k + 1) * self.batch]
+        if self.order.grouped:
+            samples = longest_first(samples, self.order.lengths)
+        if self.chosen is not None:
+            samples = self.chosen[samples]
+        plan = StepPlan(self.epoch, self.first_step + k, split_micro_batches(samples, self.micro_batch))
+        return plan if self.then is None else self.then(plan)
+
+    def __iter__(self) -> Iterator[StepPlan]:
+        return (self[k] for k in range(self.steps))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # compared by contents, like the list it replaces

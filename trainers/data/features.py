@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainers.data.manifest import Sample
+from trainers.data.sample_table import Sample, SampleTable
 from trainers.model.layout import CONDITION_LEN
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,8 @@ class FeatureDataset(Dataset):
     """Map-style dataset reading each sample's .npy files on demand."""
 
     def __init__(self, samples: Sequence[Sample], spec: FeatureSpec) -> None:
-        self.samples = list(samples)
+        # A table stays a table: a list of a million Sample objects is what it exists to avoid.
+        self.samples = samples if isinstance(samples, SampleTable) else list(samples)
         self.spec = spec
 
     def __len__(self) -> int:

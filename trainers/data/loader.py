@@ -9,8 +9,9 @@ should speak once per sample (not once per worker) run here, in the main process
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+from typing import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
@@ -25,7 +26,7 @@ class _PlanSampler:
     """A batch_sampler yielding the micro-batches of the plans it currently holds."""
 
     def __init__(self) -> None:
-        self.plans: list[StepPlan] = []
+        self.plans: Sequence[StepPlan] = []
 
     def __iter__(self) -> Iterator[list[int]]:
         for plan in self.plans:
@@ -45,13 +46,13 @@ class StepLoader:
             dataset, batch_sampler=self._sampler, num_workers=workers, collate_fn=collate_batch, pin_memory=pin_memory,
             generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0,
             worker_init_fn=ignore_stop_signals if workers else None)
-        self._checked: set[int] = set()
+        self._checked = np.zeros(len(dataset), dtype=bool)  # one byte per sample, not a set of Python ints
 
     def close(self) -> None:
         """Shut the worker processes down (dropping the loader drops its iterator, which stops them)."""
         self._loader = None
 
-    def batches(self, plans: list[StepPlan]) -> Iterator[Batch]:
+    def batches(self, plans: Sequence[StepPlan]) -> Iterator[Batch]:
         """The micro-batches of `plans`, in order, as CPU batches."""
         assert self._loader is not None, "the loader was closed"
         self._sampler.plans = plans
@@ -61,9 +62,9 @@ class StepLoader:
 
     def _warn_about_trailing_runs(self, batch: Batch) -> None:
         for row, index in enumerate(batch.indices.tolist()):
-            if index in self._checked:
+            if self._checked[index]:
                 continue
-            self._checked.add(index)
+            self._checked[index] = True
             codes = batch.codes[row, : int(batch.code_lens[row])].numpy()
             run = trailing_run_length(codes)
             if run >= TRAILING_RUN_WARN:

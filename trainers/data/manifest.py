@@ -4,6 +4,8 @@ Every problem in every given manifest is collected and reported in one
 ManifestError, so a data set can be fixed in one pass instead of one crash
 per run. Feature files are only checked for existence here; their contents
 are checked lazily by trainers.data.features when a sample is loaded.
+The samples become a SampleTable (trainers.data.sample_table); a manifest is
+read line by line, so a large one is never held in memory as text.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from trainers.data.manifest_lines import DataLimits, FileContext, Sample, Validator, check_line
+import numpy as np
 
-__all__ = ["DataLimits", "ManifestError", "ManifestSpec", "Sample", "load_manifests", "manifests_fingerprint",
-           "parse_manifest_spec"]
+from trainers.data.manifest_lines import DataLimits, FileContext, Validator, check_line
+from trainers.data.sample_table import Sample, SampleTable, StringPool
+
+__all__ = ["DataLimits", "ManifestError", "ManifestSpec", "Sample", "SampleTable", "load_manifests",
+           "manifests_fingerprint", "parse_manifest_spec", "validate_manifests", "warn_duplicate_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,89 +75,103 @@ def parse_manifest_spec(spec: str) -> ManifestSpec:
     return ManifestSpec(path=Path(path_part), lang=lang_value)
 
 
-def _read_text(spec: ManifestSpec, flag: str, out: list[str]) -> str | None:
-    """Read a manifest as UTF-8 text, or record why it cannot be read."""
+def _lines(spec: ManifestSpec, flag: str, out: list[str]) -> Iterator[tuple[int, bytes]]:
+    """(number, bytes without the newline) of each line; the reason the file cannot be read goes to `out`.
+
+    Split on b"\n" only: str.splitlines() would also break on U+2028 etc., which JSON allows
+    unescaped inside strings (and a newline byte never occurs inside a UTF-8 sequence).
+    """
     try:
-        data = spec.path.read_bytes()
+        with open(spec.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                yield number, raw[:-1] if raw.endswith(b"\n") else raw
     except FileNotFoundError:
         out.append(f"{flag} {spec.path}: file not found; check the path")
-        return None
     except IsADirectoryError:
         out.append(f"{flag} {spec.path}: is a directory; pass the .jsonl manifest file")
-        return None
     except OSError as exc:
         out.append(f"{flag} {spec.path}: cannot read ({exc.strerror or exc}); check the file and its permissions")
-        return None
+
+
+def _decode(path: Path, number: int, raw: bytes) -> tuple[str | None, str | None]:
+    """(text, None), or (None, the line's `file:line` problem) for bytes that are not UTF-8."""
+    skip = len(codecs.BOM_UTF8) if number == 1 and raw.startswith(codecs.BOM_UTF8) else 0  # some editors write one
     try:
-        return data.decode("utf-8-sig")  # tolerate a BOM written by some editors
-    except UnicodeDecodeError:
-        out.extend(_non_utf8_lines(spec.path, data))
-        return None
-
-
-def _non_utf8_lines(path: Path, data: bytes) -> list[str]:
-    """`file:line` of every line that is not UTF-8 (a newline byte never occurs inside a UTF-8
-    sequence, so the bytes split into the same lines as the text)."""
-    problems = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        skip = len(codecs.BOM_UTF8) if number == 1 and raw.startswith(codecs.BOM_UTF8) else 0
-        try:
-            raw[skip:].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            column = skip + exc.start
-            problems.append(f"{path}:{number}: not UTF-8 text (byte 0x{raw[column]:02x} at byte {column + 1} of the "
-                            "line); save the manifest as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 (with the encoding it "
-                            "was written in)")
-    return problems
+        return raw[skip:].decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        column = skip + exc.start
+        return None, (f"{path}:{number}: not UTF-8 text (byte 0x{raw[column]:02x} at byte {column + 1} of the line); "
+                      "save the manifest as UTF-8, e.g. iconv -f LATIN1 -t UTF-8 (with the encoding it was written in)")
 
 
 def _load_one(spec: ManifestSpec, check: Validator) -> None:
-    text = _read_text(spec, check.flag, check.problems)
-    if text is None:
-        return
     name = str(spec.path)
     ctx = FileContext(name=name, base=os.path.dirname(os.path.abspath(spec.path)), lang=spec.lang, check=check)
-    seen_lines = 0
-    # Split on "\n" only: str.splitlines() would also break on U+2028 etc.,
-    # which JSON allows unescaped inside strings.
-    for number, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
+    first_problem, seen_lines, not_utf8, unreadable = len(check.problems), 0, False, []
+    for number, raw in _lines(spec, check.flag, unreadable):
+        text, problem = _decode(spec.path, number, raw)
+        if problem:
+            if not not_utf8:  # a file in another encoding: its lines' other problems would only be noise
+                del check.problems[first_problem:]
+                not_utf8 = True
+            check.problems.append(problem)
+            continue
+        if not_utf8 or not text.strip():
             continue
         seen_lines += 1
-        src = f"{name}:{number}"
         try:
-            obj = json.loads(raw)
+            obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            check.problems.append(f"{src}: invalid JSON ({exc.msg} at column {exc.colno}); write one complete JSON object per line")
+            check.problems.append(f"{name}:{number}: invalid JSON ({exc.msg} at column {exc.colno}); write one "
+                                  "complete JSON object per line")
             continue
-        check_line(obj, ctx, src)
-    if seen_lines == 0:
+        check_line(obj, ctx, number)
+    check.problems += unreadable
+    if seen_lines == 0 and not unreadable and not not_utf8:
         check.problems.append(f"{check.flag} {spec.path}: manifest has no samples; check the file or drop this manifest")
 
 
-def _warn_duplicate_ids(samples: Sequence[Sample]) -> None:
-    seen: set[str] = set()
-    duplicates = 0
-    example = None
-    for sample in samples:
-        if sample.id in seen:
-            duplicates += 1
-            example = example or sample
+def repeated_ids(hashes: np.ndarray, ids: StringPool) -> tuple[int, int]:
+    """(how many samples repeat the id of an earlier sample, the first of them or -1), found from each id's
+    hash without a set of every id: only ids that share a hash are compared as strings."""
+    order = np.argsort(hashes, kind="stable")  # equal hashes form one run, in sample order
+    ordered = hashes[order]
+    count, first = 0, -1
+    runs: dict[int, set[str]] = {}
+    for k in (np.flatnonzero(ordered[1:] == ordered[:-1]) + 1).tolist():
+        group = runs.get(int(ordered[k]))
+        if group is None:  # k is the second member of its run
+            group = runs[int(ordered[k])] = {ids[int(order[k - 1])]}
+        index = int(order[k])
+        if ids[index] in group:
+            count, first = count + 1, index if first < 0 else min(first, index)
         else:
-            seen.add(sample.id)
-    if duplicates:
+            group.add(ids[index])
+    return count, first
+
+
+def warn_duplicate_ids(table: SampleTable, duplicates: tuple[int, int]) -> None:
+    count, first = duplicates
+    if count:
         logger.warning(
             "%d samples repeat an id already used by an earlier sample (first at %s, id %r); "
             "unique ids make logs and per-sample errors unambiguous",
-            duplicates,
-            example.source,
-            example.id,
+            count,
+            table.source(first),
+            table.ids[first],
         )
 
 
-def load_manifests(
-    specs: Sequence[ManifestSpec], limits: DataLimits, *, flag: str = "--train-manifest"
-) -> list[Sample]:
+@dataclass
+class Validated:
+    """What checking the manifests produced: the table, its repeated ids, the record of the feature folders."""
+
+    table: SampleTable
+    duplicates: tuple[int, int]
+    folders: dict[str, np.ndarray]
+
+
+def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str) -> Validated:
     """Parse and validate all manifests; raise one ManifestError listing every problem."""
     check = Validator(limits=limits, flag=flag)
     if not specs:
@@ -161,8 +180,19 @@ def load_manifests(
         _load_one(spec, check)
     if check.problems:
         raise ManifestError(check.problems)
-    _warn_duplicate_ids(check.samples)
-    return check.samples
+    table = check.table.build()
+    duplicates = repeated_ids(np.frombuffer(check.table.id_hashes, dtype=np.int64), table.ids)
+    folders = check.folders.arrays(table.folders.strings(), check.table.file_index)
+    return Validated(table, duplicates, folders)
+
+
+def load_manifests(
+    specs: Sequence[ManifestSpec], limits: DataLimits, *, flag: str = "--train-manifest"
+) -> SampleTable:
+    """Parse and validate all manifests into a table; raise one ManifestError listing every problem."""
+    checked = validate_manifests(specs, limits, flag)
+    warn_duplicate_ids(checked.table, checked.duplicates)
+    return checked.table
 
 
 def manifests_fingerprint(specs: Sequence[ManifestSpec]) -> str:

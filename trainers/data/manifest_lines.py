@@ -1,15 +1,17 @@
-"""One line of a manifest: its two forms, the checks of its fields, and the Sample it becomes.
+"""One line of a manifest: its two forms, the checks of its fields, and the table row it becomes.
 
 Feature files are only checked for existence here; their contents are checked when a sample is
-loaded (trainers.data.features).
+loaded (trainers.data.features). A line that passes every check takes a fast path (check_line's
+first half); any other line goes through the checks that word each problem.
 """
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainers.data.feature_folders import FolderRecord, file_state
+from trainers.data.sample_table import TableBuilder
 from trainers.model.layout import PREFIX_LEN
 
 
@@ -31,21 +33,6 @@ class DataLimits:
     def positions(self, text_len: int, code_len: int) -> int:
         """Sequence length of one sample: prefix + [start] text [stop] + [start] codes [stop]."""
         return self.prefix_len + (text_len + 2) + (code_len + 2)
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    index: int
-    id: str
-    source: str
-    text_ids_path: str
-    codes_path: str
-    condition_path: str
-    emo_vec_path: str
-    text_len: int
-    code_len: int
-    lang: str | None
-    speaker: str | None
 
 
 @dataclass(frozen=True)
@@ -117,32 +104,20 @@ class Validator:
     limits: DataLimits
     flag: str
     problems: list[str] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
+    table: TableBuilder = field(default_factory=TableBuilder)
     # One stat per unique feature path: what is wrong with it, "" for a readable regular file.
     file_problems: dict[str, str] = field(default_factory=dict)
+    folders: FolderRecord = field(default_factory=FolderRecord)
 
     def file_problem(self, path: str) -> str:
         problem = self.file_problems.get(path)
         if problem is None:
-            problem = self.file_problems[path] = _file_problem(path)
+            self.folders.note(os.path.dirname(path))  # before the file: a change from now on shows in the folder
+            problem, linked = file_state(path)
+            if linked:
+                self.folders.linked.append(path)
+            self.file_problems[path] = problem
         return problem
-
-
-def _file_problem(path: str) -> str:
-    """"" for a readable regular file (symlinks followed), else what the path is instead."""
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return "file not found"
-    except OSError as exc:
-        return f"cannot be reached ({exc.strerror or exc})"
-    if stat.S_ISDIR(mode):
-        return "is a directory, not a file"
-    if not stat.S_ISREG(mode):
-        return "is not a regular file (a device, pipe or socket)"
-    if not os.access(path, os.R_OK):
-        return "is not readable (permission denied)"
-    return ""
 
 
 @dataclass
@@ -153,16 +128,29 @@ class FileContext:
     base: str
     lang: str | None
     check: Validator
+    manifest: int = -1  # the manifest's index in the table (set on its first sample)
     # raw path as written -> (resolved absolute path, what is wrong with it or ""); large
     # manifests repeat few paths, so each is joined and stat'ed once.
     features: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # raw path as written -> its table file index, for paths without problems (the fast path's lookup).
+    good: dict[str, int] = field(default_factory=dict)
 
     def feature(self, raw: str) -> tuple[str, str]:
         entry = self.features.get(raw)
         if entry is None:
             path = os.path.normpath(os.path.join(self.base, raw))  # absolute `raw` stays as is
             entry = self.features[raw] = (path, self.check.file_problem(path))
+            if not entry[1]:
+                self.good[raw] = self.check.table.file(path)
         return entry
+
+    def add(self, sample_id: str, text_len: int, code_len: int, line: int, lang: str | None, speaker: str | None,
+            raws: list[str]) -> None:
+        if self.manifest < 0:
+            self.manifest = self.check.table.manifest(self.name)
+        files = [self.good[raw] for raw in raws]
+        self.check.table.add(sample_id, text_len, code_len, self.manifest, line,
+                             self.lang if self.lang is not None else lang, speaker, files)
 
 
 def _type_name(value: Any) -> str:
@@ -218,8 +206,45 @@ def _line_problems(obj: Any) -> tuple[_Form | None, str | None]:
     return form, None
 
 
-def check_line(obj: Any, ctx: FileContext, src: str) -> None:
-    """Validate one parsed line; append a Sample or the line's problems."""
+def _name(value: Any) -> str | None | bool:
+    """An optional name field's value (None when absent or empty), or False when it is of the wrong type."""
+    if value is None or value == "":
+        return None
+    if type(value) is str:
+        return value
+    return str(value) if type(value) is int else False
+
+
+def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
+    """Add a line that passes every check, without wording anything; False: check it the slow way."""
+    if type(obj) is not dict:
+        return False
+    form = _detect_form(obj)
+    try:
+        sample_id, text_len, code_len = obj["id"], obj[form.text_len], obj[form.code_len]
+        raws = [obj[key] for key in form.path_keys]
+    except (KeyError, AttributeError):  # AttributeError: no form
+        return False
+    limits = ctx.check.limits
+    if not (type(sample_id) is str and sample_id and type(text_len) is int and type(code_len) is int
+            and 1 <= text_len <= limits.max_text_tokens and 1 <= code_len <= limits.max_mel_tokens
+            and limits.positions(text_len, code_len) <= limits.max_positions):
+        return False
+    for raw in raws:
+        if type(raw) is not str or not raw or (raw not in ctx.good and ctx.feature(raw)[1]):
+            return False
+    speaker, lang = _name(obj.get("speaker")), _name(obj.get("language"))
+    if speaker is False or lang is False:
+        return False
+    ctx.add(sample_id, text_len, code_len, line, lang, speaker, raws)
+    return True
+
+
+def check_line(obj: Any, ctx: FileContext, line: int) -> None:
+    """Validate one parsed line (line number `line`); add it to the table or record its problems."""
+    if _fast_line(obj, ctx, line):
+        return
+    src = f"{ctx.name}:{line}"
     check = ctx.check
     form, problem = _line_problems(obj)
     if form is None:
@@ -240,30 +265,11 @@ def check_line(obj: Any, ctx: FileContext, src: str) -> None:
     sample_id = obj["id"]
     if type(sample_id) is not str or not sample_id:
         problems.append(f"id must be a non-empty string, got {sample_id!r} ({_type_name(sample_id)}); fix the manifest line")
-    paths = []
-    for key in form.path_keys:
-        path, problem = _path_problem(key, obj[key], ctx)
-        paths.append(path)
-        problems.append(problem)
+    problems += (_path_problem(key, obj[key], ctx)[1] for key in form.path_keys)
     speaker, speaker_problem = _optional_str(obj, "speaker")
     line_lang, lang_problem = _optional_str(obj, "language")
     problems += (speaker_problem, lang_problem)
     if any(problems):
         check.problems.extend(f"{src}: {p}" for p in problems if p)
         return
-    text_ids_path, codes_path, condition_path, emo_vec_path = paths
-    check.samples.append(
-        Sample(
-            index=len(check.samples),
-            id=sample_id,
-            source=src,
-            text_ids_path=text_ids_path,
-            codes_path=codes_path,
-            condition_path=condition_path,
-            emo_vec_path=emo_vec_path,
-            text_len=text_len,
-            code_len=code_len,
-            lang=ctx.lang if ctx.lang is not None else line_lang,
-            speaker=speaker,
-        )
-    )
+    ctx.add(sample_id, text_len, code_len, line, line_lang, speaker, [obj[key] for key in form.path_keys])

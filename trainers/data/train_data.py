@@ -18,9 +18,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainers.data.data_order import DataOrder, StepPlan, packed_lengths
+from trainers.data.data_order import DataOrder, StepPlan, StepPlans, packed_lengths
 from trainers.data.features import FeatureDataset, FeatureSpec
-from trainers.data.manifest import Sample
+from trainers.data.sample_table import Sample, SampleTable
 
 log = logging.getLogger("train")
 
@@ -31,13 +31,14 @@ _SUBSET_KEY = 0x5B5E7  # keys the subset's permutation apart from every epoch's 
 class TrainData:
     def __init__(self, samples: Sequence[Sample], spec: FeatureSpec, seed: int, effective_batch: int,
                  grouped: bool, train_samples: int = 0) -> None:
-        self.samples = list(samples)
+        self.samples = SampleTable.of(samples)
         self.dataset = FeatureDataset(self.samples, spec)
         self.seed = seed
         self.effective_batch = effective_batch
         self.grouped = grouped
         self.subset_size = train_samples or len(self.samples)
-        self.lengths = packed_lengths([s.text_len for s in self.samples], [s.code_len for s in self.samples])
+        self.lengths = packed_lengths(self.samples.text_len, self.samples.code_len)
+        self.lengths.setflags(write=False)  # shared with each epoch's DataOrder instead of copied
         self.epoch = 0
         self.step_in_epoch = 0  # steps taken in this epoch (a label: the offset is the position)
         self.samples_in_epoch = 0
@@ -64,15 +65,13 @@ class TrainData:
         chosen = np.random.Generator(np.random.PCG64([self.seed, _SUBSET_KEY])).permutation(len(self.samples))
         return np.sort(chosen[:size])
 
-    def plan_epoch(self, micro_batch: int) -> list[StepPlan]:
+    def plan_epoch(self, micro_batch: int) -> StepPlans:
         """The remaining steps of the current epoch, each cut into micro-batches (of sample indices)."""
         chosen = self.subset(self.order_samples)
-        order = DataOrder(self.seed, len(chosen), self.order_batch, self.lengths[chosen], self.order_grouped)
-        plans = order.plan_rest(self.epoch, self.samples_in_epoch, self.effective_batch, micro_batch,
-                                self.step_in_epoch)
-        if len(chosen) == len(self.samples):
-            return plans
-        return [StepPlan(p.epoch, p.step_in_epoch, [chosen[mb].tolist() for mb in p.micro_batches]) for p in plans]
+        lengths = self.lengths if len(chosen) == len(self.samples) else self.lengths[chosen]
+        order = DataOrder(self.seed, len(chosen), self.order_batch, lengths, self.order_grouped)
+        return order.plan_rest(self.epoch, self.samples_in_epoch, self.effective_batch, micro_batch,
+                               self.step_in_epoch, chosen if len(chosen) < len(self.samples) else None)
 
     def advance(self, plan: StepPlan) -> None:
         """Move past a finished step; the end of an epoch is step 0 of the next."""
@@ -86,7 +85,13 @@ class TrainData:
         self.order_batch, self.order_grouped, self.order_samples = self.effective_batch, self.grouped, self.subset_size
 
     def ids(self, plan: StepPlan) -> list[str]:
-        return [self.samples[i].id for i in plan.samples]
+        return [self.samples.ids[i] for i in plan.samples]
+
+    def token_counts(self, plan: StepPlan) -> tuple[int, int]:
+        """Text and mel target tokens of a step (each sequence plus its stop token)."""
+        samples = np.asarray(plan.samples, dtype=np.int64)
+        return (int(self.samples.text_len[samples].sum()) + len(samples),
+                int(self.samples.code_len[samples].sum()) + len(samples))
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "samples_in_epoch": self.samples_in_epoch,

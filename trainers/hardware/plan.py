@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from trainers.config.settings import TrainConfig
-from trainers.data.manifest import Sample
+from trainers.data.sample_table import SampleTable
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.hardware.detect import (
     CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, configure_device, split_for,
@@ -73,7 +73,7 @@ class HardwarePlan:
                      "they are only divided differently", state.get("world_size", 1), self.world_size)
 
 
-def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: list[Sample],
+def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: SampleTable,
                   model_fingerprint: str, run_dir: Path, write_cache: bool = True) -> HardwarePlan:
     """The plan of one process; write_cache False: leave the probe cache to another process (torchrun's rank 0)."""
     amp = amp_dtype(hardware, cfg.amp)
@@ -85,7 +85,7 @@ def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, 
 
 
 def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
-                 samples: list[Sample], model_fingerprint: str, run_dir: Path, oom: OomInjector,
+                 samples: SampleTable, model_fingerprint: str, run_dir: Path, oom: OomInjector,
                  write_cache: bool = True) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
     """The micro-batch split: as given, else probed on this GPU (cached per machine), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
@@ -94,8 +94,8 @@ def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: to
     if not (hw.is_cuda or oom.active):
         return split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
     key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
-                   grad_checkpointing=cfg.grad_checkpointing, longest_text=max(s.text_len for s in samples),
-                   longest_codes=max(s.code_len for s in samples), effective_batch=cfg.effective_batch)
+                   grad_checkpointing=cfg.grad_checkpointing, longest_text=int(samples.text_len.max()),
+                   longest_codes=int(samples.code_len.max()), effective_batch=cfg.effective_batch)
     cache = ProbeCache(run_dir, writable=write_cache)
     cached = cache.lookup(key)
     if cached is not None:

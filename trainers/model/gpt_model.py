@@ -39,6 +39,7 @@ from trainers.model.sample_dropout import DEFAULT_MASKS, MASK_VERSIONS, Position
 _OFFICIAL = {"model_dim": 1280, "layers": 24, "heads": 20, "max_text_tokens": 600, "max_mel_tokens": 1815,
              "number_text_tokens": 12000, "number_mel_codes": 8194, "start_text_token": 0, "stop_text_token": 1,
              "start_mel_token": 8192, "stop_mel_token": 8193}
+OFFICIAL_MODEL_DIM = _OFFICIAL["model_dim"]
 # The lowest value each integer field accepts.
 _LOWEST = {"model_dim": 1, "layers": 1, "heads": 1, "max_text_tokens": 1, "max_mel_tokens": 1,
            "number_text_tokens": 2, "number_mel_codes": 3,

@@ -17,7 +17,11 @@ import yaml
 
 from trainers.config.settings import TrainConfig
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
-from trainers.data.manifest import DataLimits, ManifestError, Sample, load_manifests, manifests_fingerprint, parse_manifest_spec
+from trainers.data.feature_fit import check_features_fit
+from trainers.data.features import FeatureSpec
+from trainers.data.manifest import DataLimits, ManifestError, parse_manifest_spec
+from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
+from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.files import dict_sha256, file_sha256
 from trainers.model.demo_base import ensure_demo_base
@@ -33,10 +37,15 @@ DEMO_DATA_DIR = "demo_data"
 class RunInputs:
     model_yaml: dict[str, Any]
     gpt: GPTConfig
-    train_samples: list[Sample]
-    val_samples: list[Sample]
+    train_samples: SampleTable
+    val_samples: SampleTable | None
     fingerprints: dict[str, str]
     base_state: StateDict | None  # --base-checkpoint's tensors, read once
+    checked: tuple[CheckedManifests, ...] = ()  # their validated-manifest caches, written once the run is locked
+
+    def save_manifest_caches(self) -> None:
+        for manifests in self.checked:
+            manifests.save()
 
 
 def read_model_yaml(path: str) -> dict[str, Any]:
@@ -99,19 +108,23 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
                 read_base: bool = True) -> RunInputs:
     gpt = gpt_config(model_yaml, cfg, text_tokens)
     limits = DataLimits(gpt.max_text_tokens, gpt.max_mel_tokens)
+    run_dir = Path(cfg.output_dir)
     try:
         train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
-        train_samples = load_manifests(train_specs, limits, flag="--train-manifest")
-        val_samples = load_manifests(val_specs, limits, flag="--val-manifest") if val_specs else []
+        train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"))
+        val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"))
+               if val_specs else None)
     except ManifestError as exc:
         raise UserError(f"the manifests have problems; nothing was trained:\n{exc}") from None
-    if not val_samples:
+    if val is None:
         log.warning("no --val-manifest given: validation is skipped; pass one to track over-fitting")
-    log.info("data: %d training samples from %d manifest(s), %d validation samples", len(train_samples),
-             len(train_specs), len(val_samples))
+    log.info("data: %d training samples from %d manifest(s), %d validation samples", len(train.table),
+             len(train_specs), len(val.table) if val else 0)
+    spec = FeatureSpec(gpt.model_dim, gpt.number_text_tokens, gpt.start_mel_token)
+    check_features_fit([train.table, *([val.table] if val else [])], spec, cfg.config)
     fingerprints = {
-        "data": manifests_fingerprint(train_specs),
+        "data": train.fingerprint,
         "tokenizer": tokenizer_sha,
         "model_config": model_config_fingerprint(gpt),
     }
@@ -121,7 +134,8 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         with torch.device("meta"):  # shapes only: the check costs no memory and writes nothing
             check_base_fits(Path(cfg.base_checkpoint), base_state, UnifiedVoiceGPT(gpt).state_dict(),
                             report_unknown=False)  # said once, when the weights are loaded
-    return RunInputs(model_yaml, gpt, train_samples, val_samples, fingerprints, base_state)
+    return RunInputs(model_yaml, gpt, train.table, val.table if val else None, fingerprints, base_state,
+                     (train, *([val] if val else [])))
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:

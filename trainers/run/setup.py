@@ -151,6 +151,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     if world.is_main:
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
                           cfg.vocab.extended, cfg.train.tokenizer, cfg.train.demo)
+        inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
     background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda

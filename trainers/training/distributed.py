@@ -43,7 +43,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from trainers.data.data_order import StepPlan
+from trainers.data.data_order import StepPlan, StepPlans
 from trainers.data.features import FeatureError
 from trainers.errors import EXIT_OUT_OF_MEMORY, DistributedFailure, UserError
 from trainers.hardware.detect import split_for
@@ -162,8 +162,8 @@ class World:
         return StepPlan(plan.epoch, plan.step_in_epoch, [mine[i: i + micro_batch]
                                                          for i in range(0, len(mine), micro_batch)])
 
-    def share_plans(self, plans: list[StepPlan], micro_batch: int) -> list[StepPlan]:
-        return [self.share_plan(p, micro_batch) for p in plans]
+    def share_plans(self, plans: StepPlans, micro_batch: int) -> StepPlans:
+        return plans.each(lambda plan: self.share_plan(plan, micro_batch)) if self.distributed else plans
 
     # --- start-up ---------------------------------------------------------------------------
 
