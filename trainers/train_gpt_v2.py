@@ -10,7 +10,8 @@
 Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
 trained); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
 one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
-6 under torchrun: another process failed; 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
+6 under torchrun: another process failed; 7 host memory (RAM) ran out for a checkpoint's copy (the
+previous checkpoint is intact); 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
 saving a checkpoint at the last optimizer-step boundary when training had started).
 """
 from __future__ import annotations
@@ -40,8 +41,8 @@ from tqdm import tqdm  # noqa: E402
 from trainers.data.data_order import StepPlan  # noqa: E402
 from trainers.data.features import FeatureError  # noqa: E402
 from trainers.errors import (  # noqa: E402
-    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
-    DistributedFailure, LogWriteError, TrainingDiverged, UserError,
+    EXIT_DIVERGED, EXIT_HOST_MEMORY, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
+    DistributedFailure, HostMemoryError, LogWriteError, TrainingDiverged, UserError,
 )
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
@@ -146,6 +147,9 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         stop_keeping_progress(run, tlog, first_step, exc, "fix or drop that sample")
         log.error("(add --allow-config-change to the resume if you edited the training manifest)")
         return EXIT_USAGE
+    except HostMemoryError as exc:  # a save's host copy: never "free GPU memory"
+        log.error("%s", exc)
+        return EXIT_HOST_MEMORY
     except OutOfMemoryStop as exc:
         stop_keeping_progress(run, tlog, first_step, exc, "free GPU memory (other processes), use --grad-checkpointing, "
                               "or drop the longest samples")

@@ -84,6 +84,9 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
     try:
         world.agree_to_start(run)
         world.attach(run)  # one split for all processes, DDP, rank 0 writes the checkpoints
+        # Background saves only if their host copy fits; measured now that a resumed checkpoint's host copy is gone.
+        workers = run.hw.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
+        run.checkpoints.fit_to_host_memory(workers)
     except BaseException:
         run.close()
         raise
