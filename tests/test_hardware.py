@@ -122,6 +122,33 @@ def test_probe_cache_is_reused_only_for_the_same_key(tmp_path):
     assert cache.lookup(key) is None
 
 
+@pytest.mark.parametrize("error", ["CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                                   "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"])
+def test_a_library_allocation_failure_in_the_probe_means_does_not_fit(error):
+    """cuBLAS and cuDNN report a failed allocation as a RuntimeError, not torch.OutOfMemoryError; in the probe
+    it used to end start-up with a traceback."""
+    torch.manual_seed(0)
+    model = UnifiedVoiceGPT(TINY_GPT)
+    real = model.loss_sums
+
+    def loss_sums(condition, *args, **kwargs):
+        if condition.shape[0] > 4:
+            raise RuntimeError(error)
+        return real(condition, *args, **kwargs)
+
+    model.loss_sums = loss_sums
+    fits = model_fits(model, torch.device("cpu"), None, longest_text=8, longest_codes=10, oom=OomInjector())
+    assert largest_fitting(fits, 16) == 4
+    assert all(p.grad is None for p in model.parameters())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("expected all tensors to be on the same device")
+
+    model.loss_sums = broken  # any other error is not "does not fit"
+    with pytest.raises(RuntimeError, match="same device"):
+        model_fits(model, torch.device("cpu"), None, 8, 10, OomInjector())(1)
+
+
 def test_oom_injection_raises_the_cuda_error_type():
     oom = OomInjector(above=4, at="3:1")
     oom.check(4)

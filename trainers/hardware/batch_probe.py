@@ -20,7 +20,7 @@ from trainers.files import write_text_atomically
 from trainers.training.faults import OomInjector
 from trainers.model.layout import CONDITION_LEN
 from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
-from trainers.hardware.oom_recovery import release_memory
+from trainers.hardware.oom_recovery import is_out_of_memory, release_memory
 
 log = logging.getLogger("train")
 
@@ -109,7 +109,9 @@ def model_fits(model: UnifiedVoiceGPT, device: torch.device, amp_dtype: torch.dt
             oom.check(n)
             peak = _forward_backward(model, n, device, amp_dtype, longest_text, longest_codes)
             ok = budget is None or peak <= budget
-        except torch.OutOfMemoryError:
+        except RuntimeError as exc:  # torch.OutOfMemoryError, or cuBLAS/cuDNN failing to allocate
+            if not is_out_of_memory(exc):
+                raise
             ok, peak = False, 0
         model.zero_grad(set_to_none=True)
         release_memory(device)  # the failed pass's tensors went with its frame
