@@ -48,9 +48,10 @@ class HardwarePlan:
         old = self.split
         self.split = split_for(effective_batch, halved(old.micro_batch, where, error),
                                "halved after running out of memory")
-        if self.probe is not None:  # auto mode: the next resume on this machine starts at the size that worked
+        if self.probe is not None:  # the next start on this machine begins at the size that worked
             cache, key = self.probe
-            cache.store(key, self.split.micro_batch, f"halved after running out of memory at {where}")
+            cache.store(key, self.split.micro_batch, f"halved after running out of memory at {where}",
+                        out_of_memory_at=old.micro_batch)
         return old
 
     def halve_val_batch(self, error: str) -> None:
@@ -74,34 +75,40 @@ class HardwarePlan:
 
 
 def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: list[Sample],
-                  model_fingerprint: str, run_dir: Path, write_cache: bool = True) -> HardwarePlan:
-    """The plan of one process; write_cache False: leave the probe cache to another process (torchrun's rank 0)."""
+                  model_fingerprint: str, run_dir: Path, write_cache: bool = True, world_size: int = 1) -> HardwarePlan:
+    """The plan of one process (`cfg.effective_batch` is its share of a step); write_cache False: leave the
+    probe cache to another process (torchrun's rank 0)."""
     amp = amp_dtype(hardware, cfg.amp)
     tf32 = configure_device(hardware, cfg.tf32)
     oom = OomInjector.from_env()
-    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache)
+    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache,
+                                world_size)
     workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
-    return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
+    plan = HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
+    plan.world_size = world_size
+    return plan
 
 
 def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
                  samples: list[Sample], model_fingerprint: str, run_dir: Path, oom: OomInjector,
-                 write_cache: bool = True) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
-    """The micro-batch split: as given, else probed on this GPU (cached per machine), else the CPU size."""
+                 write_cache: bool = True, world_size: int = 1) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+    """The micro-batch split: as given, else probed on this GPU (cached per machine and settings), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
+    if not (hw.is_cuda or oom.active):
+        return given or split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
+    key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
+                   grad_checkpointing=cfg.grad_checkpointing, deterministic=cfg.deterministic, dropout=cfg.dropout,
+                   dropout_masks=cfg.dropout_masks, world_size=world_size,
+                   longest_text=max(s.text_len for s in samples), longest_codes=max(s.code_len for s in samples),
+                   effective_batch=cfg.effective_batch)
+    cache = ProbeCache(run_dir, writable=write_cache)
     if given is not None:
         return given, None
-    if not (hw.is_cuda or oom.active):
-        return split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
-    key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
-                   grad_checkpointing=cfg.grad_checkpointing, longest_text=max(s.text_len for s in samples),
-                   longest_codes=max(s.code_len for s in samples), effective_batch=cfg.effective_batch)
-    cache = ProbeCache(run_dir, writable=write_cache)
     cached = cache.lookup(key)
     if cached is not None:
         return split_for(cfg.effective_batch, cached, f"auto: probed earlier on this machine, {cache.path.name}"), \
             (cache, key)
-    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom)
+    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom, world_size, cfg.effective_batch)
     micro = largest_fitting(fits, cfg.effective_batch)
     if micro == 0:
         log.warning("even a micro-batch of 1 of the longest samples (%d text, %d codes) does not fit in memory; "

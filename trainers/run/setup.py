@@ -140,8 +140,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     # Under torchrun the split is each process's, of its share of a step.
     rank_cfg = replace(cfg.train, effective_batch=world.rank_batch(cfg.train.effective_batch))
     hw = plan_hardware(rank_cfg, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
-                       run_dir, write_cache=world.is_main)
-    hw.world_size = world.size
+                       run_dir, write_cache=world.is_main, world_size=world.size)
     optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
     components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
                                   "rng": ProcessRNG(), "run": cfg, "hardware": hw}
