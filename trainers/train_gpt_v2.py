@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
     except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
         where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
             f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
+        if run is not None and exc.exit_status == EXIT_OUT_OF_MEMORY:  # in the gradient sum: start smaller next time
+            where += ". " + run.hw.record_out_of_memory(world.rank_batch(run.cfg.train.effective_batch),
+                                                        f"step {run.progress.step + 1}, in the gradient sum", str(exc))
         log.error("%s%s", exc, where)
         return exc.exit_status
     finally:
@@ -158,9 +161,12 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         if not is_out_of_memory(exc):
             raise
         # In the optimizer update: the weights may be partly updated, so save nothing.
+        step, error = run.progress.step + 1, oom_message(exc)
+        smaller = run.hw.record_out_of_memory(run.world.rank_batch(cfg.effective_batch),
+                                            f"step {step}, outside forward/backward", error)
         log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
-                  "step; the last checkpoint is intact. Free GPU memory and continue with --resume auto --output-dir "
-                  "%s", run.progress.step + 1, oom_message(exc), run.cfg.run_dir)
+                  "step; the last checkpoint is intact. %s; continue with --resume auto --output-dir %s", step, error,
+                  smaller, run.cfg.run_dir)
         return EXIT_OUT_OF_MEMORY
     finally:
         bar.close()
