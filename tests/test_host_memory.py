@@ -144,6 +144,27 @@ def test_a_failed_host_allocation_falls_back_to_synchronous_saves(demo_assets, t
     assert "GPU" not in result.stderr and final_state(out).step == 2
 
 
+def test_background_saves_reserve_their_buffers_at_start_and_allocate_nothing_in_the_loop(demo_assets, tmp_path,
+                                                                                           monkeypatch):
+    """The reservation at start-up covers every save, AdamW's moments (created at the first step) included: the
+    training thread allocates no host memory for a snapshot. Nothing called the reservation before."""
+    import threading
+
+    real, threads = snapshot_module._new_host_storage, []
+
+    def allocate(nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        threads.append(threading.current_thread().name)
+        return real(nbytes, pinned)
+
+    monkeypatch.setattr(snapshot_module, "_new_host_storage", allocate)
+    out = tmp_path / "run"
+    result = train_here(out, *demo_assets, *FLAGS, "--max-steps", "4", "--save-interval", "2", "--background-saves")
+    assert result.returncode == 0, result.stderr
+    assert "of pageable host memory for checkpoint snapshots in" in result.stderr  # CPU tensors: not pinned
+    assert result.stderr.count("in the background") == 4  # best.pth at steps 0 and 4, model_step2, model_step4
+    assert threads and set(threads) == {"checkpoint-writer-reserve"}
+
+
 def test_background_saves_are_not_chosen_when_their_copy_does_not_fit(demo_assets, tmp_path, monkeypatch):
     import trainers.checkpoint.checkpointer as checkpointer
 
