@@ -2,6 +2,7 @@
 what the trainer does when a host allocation fails (forced on the CPU: no GPU here)."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,13 @@ import yaml
 
 from tests.demo_runs import final_state, train_here
 from trainers.checkpoint import snapshot as snapshot_module
+from trainers.checkpoint.files import CheckpointManager
 from trainers.checkpoint.host_blocks import BLOCK_BYTES, allocated_bytes, plan_blocks, reserved_bytes
 from trainers.checkpoint.save_mode import choose_save_mode
 from trainers.checkpoint.snapshot import SnapshotBuffers, buffer_sizes, snapshot
+from trainers.checkpoint.writer import CheckpointWriter
 from trainers.config.settings import TrainConfig
+from trainers.errors import HostMemoryError
 from trainers.hardware.host_memory import GiB, HostMemory, host_memory
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.training.optimization import Optimization
@@ -94,6 +98,50 @@ def test_reserved_buffers_are_slices_of_few_blocks_and_snapshots_write_the_same_
         (tmp_path / name).mkdir()
         torch.save(saved, tmp_path / name / "same.pth")  # the file's name is written in it
     assert (tmp_path / "snap" / "same.pth").read_bytes() == (tmp_path / "state" / "same.pth").read_bytes()
+
+
+def test_a_refused_reservation_keeps_none_of_its_blocks(monkeypatch):
+    from trainers.checkpoint import host_blocks
+
+    monkeypatch.setattr(host_blocks, "BLOCK_BYTES", 8192)  # 3 buffers of 5000 bytes: 3 blocks
+    real, calls = snapshot_module._new_host_storage, []
+
+    def second_refused(nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        calls.append(nbytes)
+        if len(calls) == 2:
+            raise RuntimeError(PINNED_ALLOCATION_FAILED)
+        return real(nbytes, pinned)
+
+    monkeypatch.setattr(snapshot_module, "_new_host_storage", second_refused)
+    buffers = SnapshotBuffers()
+    with pytest.raises(HostMemoryError, match=r"could not allocate 0.0 MiB of pageable host memory \(CUDA error: out "
+                                              r"of memory\)$"):
+        buffers.reserve([(5000, False)] * 3)
+    assert buffers.nbytes == 0 and buffers.allocated_bytes == 0 and len(calls) == 2
+
+
+def test_pinned_buffers_that_cannot_be_had_become_pageable_ones(tmp_path, monkeypatch, caplog):
+    """Pinning refused (forced on the CPU: pinned allocations raise torch's error); the writer reserves pageable
+    buffers instead, says so once, and its snapshots then take them."""
+    real = snapshot_module._new_host_storage
+
+    def no_pinning(nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        if pinned:
+            raise RuntimeError(PINNED_ALLOCATION_FAILED)
+        return real(nbytes, pinned)
+
+    monkeypatch.setattr(snapshot_module, "_new_host_storage", no_pinning)
+    state = {"w": torch.randn(100, 10), "b": torch.randn(10)}
+    writer = CheckpointWriter(CheckpointManager(tmp_path, keep=1), pin_memory=True)
+    with caplog.at_level(logging.INFO):
+        writer.reserve(state)
+        writer.wait()
+    assert "could not pin host memory for checkpoint snapshots (could not allocate" in caplog.text
+    assert writer.background and writer.pin_memory is False and writer.buffer_bytes == 4040
+    reserved = writer._buffers.allocated_bytes
+    writer.submit(state, 1)
+    assert writer.wait() == tmp_path / "model_step1.pth" and writer._buffers.allocated_bytes == reserved
+    writer.close()
 
 
 def test_adamw_state_to_come_is_sized_as_its_first_step_creates_it():

@@ -82,7 +82,7 @@ class SnapshotBuffers:
         for pinned in (False, True):
             wanted = [n for (n, p), count in missing.items() if p == pinned for _ in range(count)]
             plan = plan_blocks(wanted, pinned)
-            blocks = [allocate_host(size, pinned) for size in plan.block_sizes]
+            blocks = _allocate_blocks(plan.block_sizes, pinned)
             for block in blocks:
                 _bytes_view(block).zero_()  # fault the pages in now
             self._allocated += sum(plan.block_sizes)
@@ -90,10 +90,38 @@ class SnapshotBuffers:
                 self._free.setdefault((n, pinned), []).append(blocks[b][offset:offset + n])
 
     def release(self) -> None:
-        """Drop all buffers (the memory is freed once no snapshot refers to it)."""
+        """Drop all buffers (the memory is freed once no snapshot refers to it). Pinned memory goes back to
+        the system too: torch's pinned allocator keeps freed blocks for its own reuse, which would leave
+        a refused reservation's blocks pinned for the rest of the run."""
+        pinned = any(key[1] for key in self._free) or any(key[1] for key, _ in self._in_use)
         self._free.clear()
         self._in_use.clear()
         self._allocated = 0
+        if pinned:
+            _empty_pinned_cache()
+
+
+def _allocate_blocks(sizes: list[int], pinned: bool) -> list[torch.UntypedStorage]:
+    """All the blocks, or none: those taken before a refusal are given back (pinned ones to the system)."""
+    blocks, refused = [], None
+    for size in sizes:
+        try:
+            blocks.append(allocate_host(size, pinned))
+        except HostMemoryError as exc:
+            refused = exc
+            break
+    if refused is not None:
+        blocks.clear()
+        if pinned:
+            _empty_pinned_cache()
+        raise refused
+    return blocks
+
+
+def _empty_pinned_cache() -> None:
+    empty_cache = getattr(torch._C, "_host_emptyCache", None)  # torch.accelerator.empty_host_cache in newer torch
+    if empty_cache is not None and torch.cuda.is_available():
+        empty_cache()
 
 
 def _new_host_storage(nbytes: int, pinned: bool) -> torch.UntypedStorage:
