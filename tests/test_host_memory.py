@@ -249,3 +249,25 @@ def test_a_host_allocation_failure_at_a_save_stops_with_7_and_keeps_the_last_che
     assert "the previous checkpoint (model_step2.pth) is intact" in result.stderr
     assert "continue with --resume auto --output-dir" in result.stderr
     assert "GPU" not in result.stderr and final_state(out).step == 2
+
+
+def test_a_host_allocation_failure_while_stopping_on_another_error_exits_7(demo_assets, tmp_path, monkeypatch):
+    """Out of memory at micro-batch 1 stops the run after saving the steps done; that save's host copy is refused
+    (forced as above). Exit 7 with its message, not a traceback."""
+    import trainers.checkpoint.writer as writer
+
+    out = tmp_path / "run"
+    real = snapshot_module._new_host_storage
+
+    def refused_after_step_0(nbytes: int, pinned: bool) -> torch.UntypedStorage:
+        if (out / "best.pth").exists():
+            raise RuntimeError(PINNED_ALLOCATION_FAILED)
+        return real(nbytes, pinned)
+
+    monkeypatch.setattr(snapshot_module, "_new_host_storage", refused_after_step_0)
+    monkeypatch.setattr(writer, "to_host", lambda state: snapshot(state, pin_memory=False))
+    flags = ["--effective-batch", "2", "--batch-size", "1", "--max-steps", "6", *FLAGS[:6]]
+    result = train_here(out, *demo_assets, *flags, env={"INDEXTTS_TRAIN_OOM_AT": "3:0"})
+    assert result.returncode == 7, result.stderr
+    assert "out of memory in step 3 even with a batch of 1" in result.stderr
+    assert "not enough host memory (RAM) for the copy of the checkpoint of step 2" in result.stderr

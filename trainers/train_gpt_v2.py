@@ -89,6 +89,9 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
     except CheckpointWriteError as exc:  # the log could not even be opened
         log.error("%s", exc)
         return EXIT_SAVE_FAILED
+    except HostMemoryError as exc:  # a save while stopping on another error (see stop_keeping_progress)
+        log.error("%s", exc)
+        return EXIT_HOST_MEMORY
     except StopNow as exc:
         if not stop.training:
             log.warning("stopped by %s during start-up: nothing was trained, no checkpoint was changed", exc)

@@ -87,10 +87,13 @@ class Checkpointer:
             free = "free host memory (close other programs, lower --num-workers)"
             advice = (f"Pass --no-background-saves (a synchronous save holds the copy only while it writes) or {free}"
                       if self.writer.background else f"{free[0].upper()}{free[1:]} or use a machine with more RAM")
+            newest = self.newest_name()
+            kept = "no checkpoint was written before it" if newest == "none yet" else \
+                f"the previous checkpoint ({newest}) is intact"
             raise HostMemoryError(
                 f"not enough host memory (RAM) for the copy of the checkpoint of step {step}: {exc}. Nothing was "
-                f"saved from step {step}; the previous checkpoint ({self.newest_name()}) is intact. {advice}, then "
-                f"continue with --resume auto --output-dir {self.run_dir}") from None
+                f"saved from step {step}; {kept}. {advice}, then continue with --resume auto --output-dir "
+                f"{self.run_dir}") from None
 
     def snapshot_sizes(self) -> list[tuple[int, bool]]:
         """(bytes, pinned) of the host buffers a background save of the whole state takes, AdamW's moments
