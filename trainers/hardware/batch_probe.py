@@ -85,7 +85,8 @@ class ProbeCache:
         if not self.writable:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"key": asdict(key), "micro_batch": micro_batch, "detail": detail, "out_of_memory_at": out_of_memory_at}
+        record = {"key": asdict(key), "micro_batch": micro_batch, "detail": detail,
+                  "out_of_memory_at": out_of_memory_at}
         write_text_atomically(self.path, json.dumps(record, indent=2) + "\n")
 
 

@@ -104,7 +104,8 @@ def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, 
 
 def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
                  samples: list[Sample], model_fingerprint: str, run_dir: Path, oom: OomInjector,
-                 write_cache: bool = True, world_size: int = 1) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+                 write_cache: bool = True, world_size: int = 1,
+                 ) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
     """The micro-batch split: as given (below a size that ran out of memory here), else probed on this GPU
     (cached per machine and settings), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
