@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT
+from trainers.data.manifest_lines import Sample
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.training.faults import OomInjector
 from trainers.model.gpt_model import UnifiedVoiceGPT
@@ -110,16 +111,136 @@ def test_probe_runs_the_model_without_changing_it():
     assert torch.equal(rng, torch.get_rng_state())  # the data order and dropout masks cannot have moved
 
 
+def _key(**changed) -> ProbeKey:
+    fields = dict(hardware="cuda|NVIDIA L4|22478MiB|sm89", model_config="abc", amp_dtype="torch.bfloat16",
+                  grad_checkpointing=False, deterministic=False, dropout=0.1, dropout_masks="v2", world_size=1,
+                  longest_text=120, longest_codes=600, effective_batch=32)
+    return ProbeKey(**{**fields, **changed})
+
+
 def test_probe_cache_is_reused_only_for_the_same_key(tmp_path):
-    key = ProbeKey("cuda|NVIDIA L4|22478MiB|sm89", "abc", "torch.bfloat16", False, 120, 600, 32)
+    key = _key()
     cache = ProbeCache(tmp_path)
     assert cache.lookup(key) is None
     cache.store(key, 12, "probed")
-    assert cache.lookup(key) == 12
-    other = ProbeKey("cuda|NVIDIA A100-SXM4-80GB|81153MiB|sm80", "abc", "torch.bfloat16", False, 120, 600, 32)
-    assert cache.lookup(other) is None
+    assert cache.lookup(key) == 12 and cache.failed_size(key) is None
+    assert cache.lookup(_key(hardware="cuda|NVIDIA A100-SXM4-80GB|81153MiB|sm80")) is None
+    assert cache.lookup(_key(method=1)) is None  # answers of the earlier probe, which under-budgeted
+    cache.store(key, 6, "halved after running out of memory at step 5", out_of_memory_at=12)
+    assert cache.lookup(key) == 6 and cache.failed_size(key) == (12, "halved after running out of memory at step 5")
     (tmp_path / cache.path.name).write_text("{not json")
     assert cache.lookup(key) is None
+
+
+def _samples(text_len: int, code_len: int) -> list[Sample]:
+    return [Sample(0, "a", "m.jsonl:1", "", "", "", "", text_len, code_len, None, None)]
+
+
+@pytest.mark.parametrize("changed", [{"deterministic": True}, {"world_size": 2}, {"dropout": 0.0},
+                                     {"grad_checkpointing": True}])
+def test_probe_cache_is_keyed_by_every_setting_that_changes_memory(tmp_path, monkeypatch, changed):
+    """A probe answer found with another setting that changes memory is not reused: probing again finds
+    the size that fits now (injected out-of-memory errors stand for the memory that setting takes)."""
+    from trainers.config.settings import TrainConfig
+    from trainers.hardware.plan import plan_hardware
+
+    torch.manual_seed(0)
+    model = UnifiedVoiceGPT(TINY_GPT)
+    cpu, samples = detect_hardware(torch.device("cpu")), _samples(8, 10)
+    monkeypatch.setenv("INDEXTTS_TRAIN_OOM_ABOVE", "4")
+    first = plan_hardware(TrainConfig(effective_batch=16), cpu, model, samples, "abc", tmp_path)
+    assert first.split.micro_batch == 4 and first.split.reason.startswith("auto: probed on the longest")
+    monkeypatch.setenv("INDEXTTS_TRAIN_OOM_ABOVE", "2")
+    world_size = changed.get("world_size", 1)
+    settings = {k: v for k, v in changed.items() if k != "world_size"}
+    again = plan_hardware(TrainConfig(effective_batch=16, **settings), cpu, model, samples, "abc", tmp_path,
+                          world_size=world_size)
+    assert again.split.micro_batch == 2 and again.split.reason.startswith("auto: probed on the longest")
+
+
+class _FakeMeasurement:
+    """The probe's GPU measurement on a machine without a GPU: each pass's peak grows with the micro-batch."""
+
+    def __init__(self, monkeypatch, free: int, peak_of) -> None:
+        from trainers.hardware import batch_probe
+
+        self.passes: dict[int, int] = {}
+        self.peak_of = peak_of
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, free + 2 ** 30))
+        monkeypatch.setattr(batch_probe, "_forward_backward", self.measure)
+
+    def measure(self, model, n, device, amp_dtype, text_len, code_len, passes=1) -> int:
+        self.passes[n] = passes
+        return self.peak_of(n)
+
+
+def _official_model_on_meta() -> UnifiedVoiceGPT:
+    import yaml
+
+    from trainers.model.gpt_model import GPTConfig
+
+    gpt = yaml.safe_load((REPO / "checkpoints" / "config.yaml").read_text(encoding="utf-8"))["gpt"]
+    with torch.device("meta"):
+        return UnifiedVoiceGPT(GPTConfig.from_yaml_section(gpt))
+
+
+GIB = 2 ** 30
+
+
+def _pass_peak(trained: int):
+    """A pass of n longest samples peaks at the gradients (the trained weights' size) + 0.4 GiB x n."""
+    return lambda n: trained + int(0.4 * GIB * n)
+
+
+def test_probe_leaves_room_for_the_optimizer_update(monkeypatch):
+    """The official model (2.11 GB of trained fp32 weights, T) with 9 GiB free: a pass of 1 sample (2.5 GiB)
+    fits beside AdamW's moments (2T), but the update holds the gradients, the moments and a temporary of the
+    weights' size (4T = 7.9 GiB > 85% of 9 GiB) at any micro-batch. The probe used to choose 4."""
+    model = _official_model_on_meta()
+    trained = sum(p.numel() * 4 for p in model.parameters())
+    assert trained / 1e9 == pytest.approx(2.108, abs=0.001)
+    _FakeMeasurement(monkeypatch, 9 * GIB, _pass_peak(trained))
+    assert largest_fitting(model_fits(model, torch.device("cuda", 0), None, 600, 1815, OomInjector()), 32) == 0
+
+
+def test_probe_leaves_room_for_ddp_buckets_and_nccl_under_torchrun(monkeypatch):
+    """20 GiB free (17 GiB usable): alone, n fits while T + 0.4 GiB x n + 2T <= 17 GiB (n <= 27; the bisection
+    stops at 26). Under torchrun DDP adds a copy of the gradients and NCCL its buffers (1 GiB budgeted):
+    n <= 20. The probe used to answer 26 under torchrun too."""
+    model = _official_model_on_meta()
+    trained = sum(p.numel() * 4 for p in model.parameters())
+    fake = _FakeMeasurement(monkeypatch, 20 * GIB, _pass_peak(trained))
+    cuda = torch.device("cuda", 0)
+    assert largest_fitting(model_fits(model, cuda, None, 600, 1815, OomInjector(), world_size=1, upper=32), 32) == 26
+    assert largest_fitting(model_fits(model, cuda, None, 600, 1815, OomInjector(), world_size=2, upper=32), 32) == 20
+    assert fake.passes[20] == 2 and fake.passes[32] == 1  # below the step's samples two passes accumulate
+
+
+@pytest.mark.parametrize("error", ["CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                                   "cuDNN error: CUDNN_STATUS_ALLOC_FAILED"])
+def test_a_library_allocation_failure_in_the_probe_means_does_not_fit(error):
+    """cuBLAS and cuDNN report a failed allocation as a RuntimeError, not torch.OutOfMemoryError; in the probe
+    it used to end start-up with a traceback."""
+    torch.manual_seed(0)
+    model = UnifiedVoiceGPT(TINY_GPT)
+    real = model.loss_sums
+
+    def loss_sums(condition, *args, **kwargs):
+        if condition.shape[0] > 4:
+            raise RuntimeError(error)
+        return real(condition, *args, **kwargs)
+
+    model.loss_sums = loss_sums
+    fits = model_fits(model, torch.device("cpu"), None, longest_text=8, longest_codes=10, oom=OomInjector())
+    assert largest_fitting(fits, 16) == 4
+    assert all(p.grad is None for p in model.parameters())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("expected all tensors to be on the same device")
+
+    model.loss_sums = broken  # any other error is not "does not fit"
+    with pytest.raises(RuntimeError, match="same device"):
+        model_fits(model, torch.device("cpu"), None, 8, 10, OomInjector())(1)
 
 
 def test_oom_injection_raises_the_cuda_error_type():

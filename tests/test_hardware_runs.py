@@ -155,12 +155,54 @@ def test_oom_in_clipping_or_from_cublas_is_recovered_like_one_in_forward_backwar
     assert_close_weights(small_reference, out)
 
 
-def test_oom_in_the_optimizer_update_stops_with_5_and_saves_nothing(demo_assets, tmp_path):
+# Keeps the out-of-memory injector active without injecting anything (step 1000 is never reached): the
+# hardware plan then consults the probe cache as it does on a GPU.
+AS_ON_A_GPU = {"INDEXTTS_TRAIN_OOM_AT": "1000:update"}
+
+
+def test_oom_in_the_optimizer_update_stops_with_5_and_the_resume_starts_at_half(demo_assets, small_reference,
+                                                                                tmp_path):
+    """The update cannot be redone, so the run stops; it used to leave nothing that makes the resume (which
+    reuses the saved --batch-size 8) start smaller, so every resume ran out of memory the same way."""
     out = tmp_path / "run"
     result = train_here(out, *demo_assets, *SMALL, "--save-interval", "2", env={"INDEXTTS_TRAIN_OOM_AT": "5:update"})
     assert result.returncode == 5, result.stderr
     assert "out of memory outside the forward/backward pass, at step 5" in result.stderr
+    assert "The next start on this machine uses micro-batch 4 (recorded in micro_batch_probe.json)" in result.stderr
     assert final_state(out).step == 4  # the update may have been half applied: nothing of step 5 is kept
+    resumed = train_here(out, "--resume", "auto", env=AS_ON_A_GPU)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "micro-batch 8 ran out of memory on this machine with these settings" in resumed.stderr
+    assert "micro-batch 4 x accumulation 4 (--batch-size, lowered after running out of memory)" in resumed.stderr
+    assert (out / "sample_ids.tsv").read_text() == (small_reference / "sample_ids.tsv").read_text()
+    assert_close_weights(small_reference, out)
+
+
+def test_oom_in_the_gradient_sum_makes_the_next_start_use_half_the_micro_batch(demo_assets, tmp_path, monkeypatch):
+    """Under torchrun an out-of-memory error while DDP sums the gradients stops every process (exit 5). Forced
+    in one process: the gradient sum of step 3 raises what trainers/training/distributed.py raises there."""
+    from trainers.errors import EXIT_OUT_OF_MEMORY, DistributedFailure
+    from trainers.training.distributed import World
+
+    calls = []
+
+    def sync_gradients(self) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise DistributedFailure("out of memory while summing the gradients of the processes (CUDA out of "
+                                     "memory)", EXIT_OUT_OF_MEMORY)
+
+    monkeypatch.setattr(World, "sync_gradients", sync_gradients)
+    out = tmp_path / "run"
+    flags = ["--effective-batch", "16", "--max-steps", "4", "--lr-decay-steps", "16", *FLAGS]
+    result = train_here(out, *demo_assets, *flags, env={"INDEXTTS_TRAIN_OOM_ABOVE": "8"})
+    assert result.returncode == 5, result.stderr
+    assert "out of memory while summing the gradients" in result.stderr
+    assert "The next start on this machine uses micro-batch 4 (recorded in micro_batch_probe.json)" in result.stderr
+    monkeypatch.undo()
+    resumed = train_here(out, "--resume", "auto", env={"INDEXTTS_TRAIN_OOM_ABOVE": "8"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert "micro-batch 4 x accumulation 4 (auto: probed earlier on this machine" in resumed.stderr
 
 
 def test_a_typed_batch_size_follows_the_run_on_its_machine_only(demo_assets, tmp_path):

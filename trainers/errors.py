@@ -11,6 +11,7 @@ EXIT_DIVERGED = 3
 EXIT_SAVE_FAILED = 4
 EXIT_OUT_OF_MEMORY = 5
 EXIT_PEER_LOST = 6  # torchrun: another process of the run failed or stopped answering; nothing more was saved
+EXIT_HOST_MEMORY = 7  # host memory (RAM) ran out for a checkpoint's copy; the previous checkpoint is intact
 # A stop signal exits with 128 + its number, the shell convention: 129 SIGHUP, 130 SIGINT, 143 SIGTERM.
 
 
@@ -28,6 +29,13 @@ class LogWriteError(CheckpointWriteError):
 
 class TrainingDiverged(RuntimeError):
     """Weights, optimizer state or a validation loss became non-finite; nothing is saved (exit 3)."""
+
+
+class HostMemoryError(Exception):
+    """Host memory (RAM, pinned or not) could not be allocated for the copy of a checkpoint (exit 7).
+
+    Not a RuntimeError: torch's text for a failed pinned allocation ("CUDA error: out of memory")
+    must never be read as a GPU out-of-memory error, whose advice is to free GPU memory."""
 
 
 class DistributedFailure(Exception):

@@ -10,7 +10,8 @@
 Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
 trained); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
 one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
-6 under torchrun: another process failed; 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
+6 under torchrun: another process failed; 7 host memory (RAM) ran out for a checkpoint's copy (the
+previous checkpoint is intact); 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
 saving a checkpoint at the last optimizer-step boundary when training had started).
 """
 from __future__ import annotations
@@ -40,8 +41,8 @@ from tqdm import tqdm  # noqa: E402
 from trainers.data.data_order import StepPlan  # noqa: E402
 from trainers.data.features import FeatureError  # noqa: E402
 from trainers.errors import (  # noqa: E402
-    EXIT_DIVERGED, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
-    DistributedFailure, LogWriteError, TrainingDiverged, UserError,
+    EXIT_DIVERGED, EXIT_HOST_MEMORY, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
+    DistributedFailure, HostMemoryError, LogWriteError, TrainingDiverged, UserError,
 )
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
@@ -88,6 +89,9 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
     except CheckpointWriteError as exc:  # the log could not even be opened
         log.error("%s", exc)
         return EXIT_SAVE_FAILED
+    except HostMemoryError as exc:  # a save while stopping on another error (see stop_keeping_progress)
+        log.error("%s", exc)
+        return EXIT_HOST_MEMORY
     except StopNow as exc:
         if not stop.training:
             log.warning("stopped by %s during start-up: nothing was trained, no checkpoint was changed", exc)
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
     except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
         where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
             f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
+        if run is not None and exc.exit_status == EXIT_OUT_OF_MEMORY:  # in the gradient sum: start smaller next time
+            where += ". " + run.hw.record_out_of_memory(world.rank_batch(run.cfg.train.effective_batch),
+                                                        f"step {run.progress.step + 1}, in the gradient sum", str(exc))
         log.error("%s%s", exc, where)
         return exc.exit_status
     finally:
@@ -146,6 +153,9 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         stop_keeping_progress(run, tlog, first_step, exc, "fix or drop that sample")
         log.error("(add --allow-config-change to the resume if you edited the training manifest)")
         return EXIT_USAGE
+    except HostMemoryError as exc:  # a save's host copy: never "free GPU memory"
+        log.error("%s", exc)
+        return EXIT_HOST_MEMORY
     except OutOfMemoryStop as exc:
         stop_keeping_progress(run, tlog, first_step, exc, "free GPU memory (other processes), use --grad-checkpointing, "
                               "or drop the longest samples")
@@ -154,9 +164,12 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         if not is_out_of_memory(exc):
             raise
         # In the optimizer update: the weights may be partly updated, so save nothing.
+        step, error = run.progress.step + 1, oom_message(exc)
+        smaller = run.hw.record_out_of_memory(run.world.rank_batch(cfg.effective_batch),
+                                            f"step {step}, outside forward/backward", error)
         log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
-                  "step; the last checkpoint is intact. Free GPU memory and continue with --resume auto --output-dir "
-                  "%s", run.progress.step + 1, oom_message(exc), run.cfg.run_dir)
+                  "step; the last checkpoint is intact. %s; continue with --resume auto --output-dir %s", step, error,
+                  smaller, run.cfg.run_dir)
         return EXIT_OUT_OF_MEMORY
     finally:
         bar.close()

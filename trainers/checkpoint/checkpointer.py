@@ -6,14 +6,18 @@ writes it atomically and rotates old ones.
 """
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from trainers.checkpoint import schema
 from trainers.checkpoint.files import CheckpointEvent, CheckpointManager, os_error_in_chain
+from trainers.checkpoint.save_mode import choose_save_mode
+from trainers.checkpoint.snapshot import buffer_sizes
 from trainers.checkpoint.writer import CheckpointWriter
-from trainers.errors import CheckpointWriteError, TrainingDiverged
+from trainers.errors import CheckpointWriteError, HostMemoryError, TrainingDiverged
+from trainers.hardware.host_memory import host_memory
 
 log = logging.getLogger("train")
 
@@ -77,7 +81,46 @@ class Checkpointer:
             done(path)
             return path
 
-        self._mapped(lambda: self.writer.submit(sections, step, assemble_and_write))
+        try:
+            self._mapped(lambda: self.writer.submit(sections, step, assemble_and_write))
+        except HostMemoryError as exc:
+            free = "free host memory (close other programs, lower --num-workers)"
+            advice = (f"Pass --no-background-saves (a synchronous save holds the copy only while it writes) or {free}"
+                      if self.writer.background else f"{free[0].upper()}{free[1:]} or use a machine with more RAM")
+            newest = self.newest_name()
+            kept = "no checkpoint was written before it" if newest == "none yet" else \
+                f"the previous checkpoint ({newest}) is intact"
+            raise HostMemoryError(
+                f"not enough host memory (RAM) for the copy of the checkpoint of step {step}: {exc}. Nothing was "
+                f"saved from step {step}; {kept}. {advice}, then continue with --resume auto --output-dir "
+                f"{self.run_dir}") from None
+
+    def snapshot_sizes(self) -> list[tuple[int, bool]]:
+        """(bytes, pinned) of the host buffers a background save of the whole state takes, AdamW's moments
+        included before its first step creates them."""
+        sections = {name: c.state_dict() for name, c in self.components.items()}
+        pin = self.writer.pin_memory
+        sizes = buffer_sizes(sections, pin, self.writer.static)
+        optim = self.components["optim"]
+        to_come = optim.state_sizes_to_come() if hasattr(optim, "state_sizes_to_come") else []
+        return sizes + [(n, device.type == "cuda" if pin is None else pin) for n, device in to_come]
+
+    def fit_to_host_memory(self, loader_workers: int) -> None:
+        """Background saves only when their host copy fits in the host memory available now (pinned only when
+        that fits too), said in one line when it does not; then the snapshot buffers are reserved, off the
+        training thread. See trainers/checkpoint/save_mode.py."""
+        if not self.writer.background:
+            return
+        gc.collect()  # what start-up dropped (a resumed checkpoint's host copy) is given back before measuring
+        sizes = self.snapshot_sizes()
+        mode = choose_save_mode(sizes, host_memory(), loader_workers)
+        if mode.message:
+            (log.warning if not mode.background else log.info)("%s", mode.message)
+        self.writer.background = mode.background
+        if mode.background:
+            if not mode.pinned:
+                self.writer.pin_memory = False
+            self.writer.reserve_sizes([(n, p and mode.pinned) for n, p in sizes])
 
     def _mapped(self, call: Callable[[], Any]) -> Any:
         try:

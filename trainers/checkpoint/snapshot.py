@@ -15,6 +15,9 @@ from typing import Any, Iterable
 
 import torch
 
+from trainers.checkpoint.host_blocks import allocated_bytes, plan_blocks
+from trainers.errors import HostMemoryError
+
 # Values that are immutable, so a snapshot may share them with the live state.
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
 
@@ -32,12 +35,19 @@ class SnapshotBuffers:
     def __init__(self) -> None:
         self._free: dict[tuple[int, bool], list[torch.UntypedStorage]] = {}
         self._in_use: list[tuple[tuple[int, bool], torch.UntypedStorage]] = []
+        self._allocated = 0  # what the allocator holds for them: reserved blocks, pinned rounding
 
     @property
     def nbytes(self) -> int:
-        """Host memory held, in bytes."""
+        """Bytes of the buffers held."""
         held = sum(s.nbytes() for _, s in self._in_use)
         return held + sum(s.nbytes() for group in self._free.values() for s in group)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Host memory held for the buffers, as the allocators hold it (pinned allocations are
+        rounded up to a power of two; a reservation's blocks are not, see host_blocks.py)."""
+        return self._allocated
 
     def recycle(self) -> None:
         """Make every buffer available again; earlier snapshots must no longer be used."""
@@ -48,33 +58,85 @@ class SnapshotBuffers:
     def take(self, nbytes: int, pinned: bool) -> torch.UntypedStorage:
         key = (nbytes, pinned)
         free = self._free.get(key)
-        storage = free.pop() if free else _new_host_storage(nbytes, pinned)
+        if free:
+            storage = free.pop()
+        else:
+            storage = allocate_host(nbytes, pinned)
+            self._allocated += allocated_bytes(nbytes, pinned)
         self._in_use.append((key, storage))
         return storage
 
     def reserve(self, sizes: Iterable[tuple[int, bool]]) -> None:
         """Allocate and touch free buffers so that a snapshot needing ``sizes`` (byte count,
         pinned) allocates nothing: page faults and pinning happen here, not in the training
-        loop. Buffers already held count towards the need."""
+        loop. Buffers already held count towards the need. The new buffers are slices of a few
+        large blocks (trainers/checkpoint/host_blocks.py). HostMemoryError if the memory cannot
+        be had; the buffers reserved before stay."""
         self.recycle()
-        need: dict[tuple[int, bool], int] = {}
+        missing: dict[tuple[int, bool], int] = {}
         for key in sizes:
-            need[key] = need.get(key, 0) + 1
-        for key, count in need.items():
-            free = self._free.setdefault(key, [])
-            while len(free) < count:
-                storage = _new_host_storage(*key)
-                _bytes_view(storage).zero_()  # fault the pages in now
-                free.append(storage)
+            missing[key] = missing.get(key, 0) + 1
+        for key, group in self._free.items():
+            if key in missing:
+                missing[key] -= min(missing[key], len(group))
+        for pinned in (False, True):
+            wanted = [n for (n, p), count in missing.items() if p == pinned for _ in range(count)]
+            plan = plan_blocks(wanted, pinned)
+            blocks = _allocate_blocks(plan.block_sizes, pinned)
+            for block in blocks:
+                _bytes_view(block).zero_()  # fault the pages in now
+            self._allocated += sum(plan.block_sizes)
+            for n, (b, offset) in zip(wanted, plan.slots):
+                self._free.setdefault((n, pinned), []).append(blocks[b][offset:offset + n])
 
     def release(self) -> None:
-        """Drop all buffers (the memory is freed once no snapshot refers to it)."""
+        """Drop all buffers (the memory is freed once no snapshot refers to it). Pinned memory goes back to
+        the system too: torch's pinned allocator keeps freed blocks for its own reuse, which would leave
+        a refused reservation's blocks pinned for the rest of the run."""
+        pinned = any(key[1] for key in self._free) or any(key[1] for key, _ in self._in_use)
         self._free.clear()
         self._in_use.clear()
+        self._allocated = 0
+        if pinned:
+            _empty_pinned_cache()
+
+
+def _allocate_blocks(sizes: list[int], pinned: bool) -> list[torch.UntypedStorage]:
+    """All the blocks, or none: those taken before a refusal are given back (pinned ones to the system)."""
+    blocks, refused = [], None
+    for size in sizes:
+        try:
+            blocks.append(allocate_host(size, pinned))
+        except HostMemoryError as exc:
+            refused = exc
+            break
+    if refused is not None:
+        blocks.clear()
+        if pinned:
+            _empty_pinned_cache()
+        raise refused
+    return blocks
+
+
+def _empty_pinned_cache() -> None:
+    empty_cache = getattr(torch._C, "_host_emptyCache", None)  # torch.accelerator.empty_host_cache in newer torch
+    if empty_cache is not None and torch.cuda.is_available():
+        empty_cache()
 
 
 def _new_host_storage(nbytes: int, pinned: bool) -> torch.UntypedStorage:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned).untyped_storage()
+
+
+def allocate_host(nbytes: int, pinned: bool) -> torch.UntypedStorage:
+    """Host memory for a copy; HostMemoryError when the allocator refuses."""
+    try:
+        return _new_host_storage(nbytes, pinned)
+    except RuntimeError as exc:  # pinned: "CUDA error: out of memory"; pageable: "DefaultCPUAllocator: can't ..."
+        cause = (str(exc).strip().splitlines() or ["refused"])[0]
+        size = f"{nbytes / 2 ** 30:.2f} GiB" if nbytes >= 2 ** 30 else f"{nbytes / 2 ** 20:.1f} MiB"
+        raise HostMemoryError(f"could not allocate {size} of {'pinned' if pinned else 'pageable'} host memory "
+                              f"({cause})") from None
 
 
 def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -162,7 +224,7 @@ class _Copier:
             if self.buffers is not None:
                 dst = self.buffers.take(nbytes, pinned)
             else:
-                dst = _new_host_storage(nbytes, pinned)
+                dst = allocate_host(nbytes, pinned)
             non_blocking = cuda and pinned
             _bytes_view(dst).copy_(_bytes_view(src), non_blocking=non_blocking)
             if non_blocking:

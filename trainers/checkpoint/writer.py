@@ -35,6 +35,7 @@ import torch
 
 from trainers.checkpoint.files import CheckpointManager
 from trainers.checkpoint.snapshot import SnapshotBuffers, buffer_sizes, snapshot, to_host
+from trainers.errors import HostMemoryError
 
 logger = logging.getLogger(__name__)
 
@@ -131,30 +132,26 @@ class CheckpointWriter:
         background, so that the first background save does not allocate (page-fault or pin)
         GBs of host memory inside the training loop; on a VM that can take longer than the
         write itself. Call it once the state has its final shapes, e.g. after the first
-        optimizer step (AdamW creates its moments there). Only sizes are read from
-        ``state``; the next ``submit`` waits for the allocation to finish. An allocation
-        failure is logged, and the snapshot then allocates as usual."""
+        optimizer step (AdamW creates its moments there), or pass the final sizes to
+        ``reserve_sizes``. Only sizes are read from ``state``; the next ``submit`` waits for
+        the allocation to finish."""
+        if self._closed:
+            raise RuntimeError("CheckpointWriter is closed")
+        if self.background and self._buffers is not None:
+            self.reserve_sizes(buffer_sizes(state, self.pin_memory, self.static))
+
+    def reserve_sizes(self, sizes: list[tuple[int, bool]]) -> None:
+        """``reserve`` for buffers of known sizes (byte count, pinned). When the host cannot give
+        them, the writer falls back and says so in one line: pinned buffers that cannot be had
+        become pageable ones (slower copies), pageable ones that cannot be had make the saves
+        synchronous (no copy is kept between saves)."""
         if self._closed:
             raise RuntimeError("CheckpointWriter is closed")
         if not self.background or self._buffers is None:
             return
         self._join()  # a write in flight still uses the buffers; its error stays pending
-        sizes = buffer_sizes(state, self.pin_memory, self.static)
-        buffers = self._buffers
-
-        def allocate() -> None:
-            t0 = time.perf_counter()
-            try:
-                buffers.reserve(sizes)
-            except Exception as exc:  # e.g. out of (pinnable) memory
-                buffers.release()
-                logger.warning("could not reserve %.1f GB for checkpoint snapshots (%s: %s); each save will "
-                               "allocate its snapshot", sum(n for n, _ in sizes) / 1e9, type(exc).__name__, exc)
-                return
-            logger.info("reserved %.1f GB of host memory for checkpoint snapshots in %.1f s",
-                        buffers.nbytes / 1e9, time.perf_counter() - t0)
-
-        self._thread = threading.Thread(target=allocate, name="checkpoint-writer-reserve", daemon=True)
+        self._thread = threading.Thread(target=self._reserve, args=(list(sizes),), name="checkpoint-writer-reserve",
+                                        daemon=True)
         self._thread.start()
 
     def wait(self) -> Path | None:
@@ -185,6 +182,34 @@ class CheckpointWriter:
             logger.error("the background checkpoint write also failed: %s: %s", type(err).__name__, err)
 
     # -- internals ---------------------------------------------------------
+
+    def _reserve(self, sizes: list[tuple[int, bool]]) -> None:
+        """In the reserving thread; the training thread reads the mode it leaves only after joining it."""
+        assert self._buffers is not None
+        t0, refused = time.perf_counter(), []
+        tries = [sizes, [(n, False) for n, _ in sizes]] if any(p for _, p in sizes) else [sizes]
+        for wanted in tries:
+            try:
+                self._buffers.reserve(wanted)
+            except HostMemoryError as exc:
+                self._buffers.release()
+                refused.append(str(exc))
+                continue
+            gib = self._buffers.allocated_bytes / 2 ** 30
+            if not refused:
+                logger.info("reserved %.2f GiB of %s host memory for checkpoint snapshots in %.1f s", gib,
+                            "pinned" if any(p for _, p in wanted) else "pageable", time.perf_counter() - t0)
+                return
+            self.pin_memory = False
+            logger.warning("could not pin host memory for checkpoint snapshots (%s): background saves copy into "
+                           "%.2f GiB of pageable memory instead, which is slower; nothing to do unless the "
+                           "copies stall training (then free host memory)", refused[0], gib)
+            return
+        self.background = False
+        logger.warning("could not reserve host memory for checkpoint snapshots (%s): checkpoint saves are "
+                       "synchronous from now on (the loop waits for each write, and the host copy is made only "
+                       "while writing); free host memory to have background saves at the next start",
+                       "; ".join(refused))
 
     def _join(self) -> None:
         thread = self._thread

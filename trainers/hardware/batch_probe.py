@@ -20,7 +20,7 @@ from trainers.files import write_text_atomically
 from trainers.training.faults import OomInjector
 from trainers.model.layout import CONDITION_LEN
 from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
-from trainers.hardware.oom_recovery import release_memory
+from trainers.hardware.oom_recovery import is_out_of_memory, release_memory
 
 log = logging.getLogger("train")
 
@@ -29,6 +29,11 @@ CACHE_NAME = "micro_batch_probe.json"
 # fragmentation, other processes and samples a little longer than the probe's.
 MEMORY_MARGIN = 0.85
 REFINE_TRIES = 3  # bisection steps between the last size that fit and the first that did not
+# NCCL's communication buffers under torchrun: allocated outside torch's allocator when DDP starts,
+# after the probe (a few hundred MiB on one node with many channels; more with many peers).
+NCCL_BYTES = 2 ** 30
+# Bumped when what the probe measures or budgets changes, so answers of an earlier probe are not reused.
+PROBE_METHOD = 2
 
 
 @dataclass(frozen=True)
@@ -39,31 +44,76 @@ class ProbeKey:
     model_config: str
     amp_dtype: str
     grad_checkpointing: bool
+    deterministic: bool  # attention on the math backend, which keeps the whole attention matrix
+    dropout: float  # dropout > 0 keeps masks for the backward pass
+    dropout_masks: str
+    world_size: int  # under torchrun DDP holds a copy of the gradients
     longest_text: int
     longest_codes: int
-    effective_batch: int
+    effective_batch: int  # of this process
+    method: int = PROBE_METHOD
 
 
 class ProbeCache:
+    """micro_batch_probe.json: the micro-batch to start at on this machine with these settings, and the
+    smallest one that ran out of memory there (recorded by out-of-memory recovery)."""
+
     def __init__(self, run_dir: Path, writable: bool = True) -> None:
         self.path = run_dir / CACHE_NAME
         self.writable = writable  # False: another process of the run (torchrun's rank 0) writes it
 
-    def lookup(self, key: ProbeKey) -> int | None:
+    def _record(self, key: ProbeKey) -> dict | None:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        if data.get("key") != asdict(key) or not isinstance(data.get("micro_batch"), int):
+        if not isinstance(data, dict) or data.get("key") != asdict(key) or not isinstance(data.get("micro_batch"), int):
             return None
-        return data["micro_batch"]
+        return data
 
-    def store(self, key: ProbeKey, micro_batch: int, detail: str) -> None:
+    def lookup(self, key: ProbeKey) -> int | None:
+        record = self._record(key)
+        return record["micro_batch"] if record else None
+
+    def failed_size(self, key: ProbeKey) -> tuple[int, str] | None:
+        """(the micro-batch that ran out of memory, where) when one did with this key."""
+        record = self._record(key)
+        failed = record.get("out_of_memory_at") if record else None
+        return (failed, record.get("detail", "")) if isinstance(failed, int) else None
+
+    def store(self, key: ProbeKey, micro_batch: int, detail: str, out_of_memory_at: int | None = None) -> None:
         if not self.writable:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self.path, json.dumps({"key": asdict(key), "micro_batch": micro_batch,
-                                                     "detail": detail}, indent=2) + "\n")
+        record = {"key": asdict(key), "micro_batch": micro_batch, "detail": detail,
+                  "out_of_memory_at": out_of_memory_at}
+        write_text_atomically(self.path, json.dumps(record, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The probe's limit, and what a training step holds that a probing pass does not.
+
+    A probing pass measures forward and backward (gradients included). After the probe the run also
+    holds AdamW's two moments (each the size of the trained weights), under torchrun DDP's gradient
+    buckets (one more copy of the gradients) and NCCL's buffers; the optimizer update needs the
+    gradients and one more temporary of the weights' size (foreach AdamW's square-root of exp_avg_sq)."""
+
+    limit: int  # MEMORY_MARGIN x the memory free when probing
+    trainable_bytes: int  # of the trained fp32 weights
+    world_size: int = 1
+
+    @property
+    def resident(self) -> int:
+        ddp = self.trainable_bytes + NCCL_BYTES if self.world_size > 1 else 0
+        return 2 * self.trainable_bytes + ddp
+
+    def need(self, peak: int) -> int:
+        """The most a step holds beyond the weights, when forward and backward peaked at `peak` bytes."""
+        return max(peak, 2 * self.trainable_bytes) + self.resident
+
+    def allows(self, peak: int) -> bool:
+        return self.need(peak) <= self.limit
 
 
 def largest_fitting(fits: Callable[[int], bool], upper: int) -> int:
@@ -93,23 +143,25 @@ def largest_fitting(fits: Callable[[int], bool], upper: int) -> int:
 
 
 def model_fits(model: UnifiedVoiceGPT, device: torch.device, amp_dtype: torch.dtype | None, longest_text: int,
-               longest_codes: int, oom: OomInjector) -> Callable[[int], bool]:
-    """fits(n): one forward and backward of n longest samples stays within the memory budget.
-
-    The budget also leaves room for AdamW's two moments, which are allocated only at the first
-    optimizer step and so are not yet part of the measured peak.
-    """
+               longest_codes: int, oom: OomInjector, world_size: int = 1, upper: int = 0) -> Callable[[int], bool]:
+    """fits(n): a step's passes over n longest samples, with what the run holds besides (MemoryBudget),
+    stay within MEMORY_MARGIN of the free memory. Below `upper` (the step's samples) a step has several
+    micro-batches, so two passes accumulate into the same gradients as the step's do; an allocation
+    failure, torch's or cuBLAS/cuDNN's, means n does not fit."""
     trainable_bytes = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
     budget = None
     if device.type == "cuda":
-        budget = torch.cuda.mem_get_info(device)[0] * MEMORY_MARGIN - 2 * trainable_bytes
+        budget = MemoryBudget(int(torch.cuda.mem_get_info(device)[0] * MEMORY_MARGIN), trainable_bytes, world_size)
 
     def fits(n: int) -> bool:
+        passes = 2 if n < upper else 1
         try:
             oom.check(n)
-            peak = _forward_backward(model, n, device, amp_dtype, longest_text, longest_codes)
-            ok = budget is None or peak <= budget
-        except torch.OutOfMemoryError:
+            peak = _forward_backward(model, n, device, amp_dtype, longest_text, longest_codes, passes)
+            ok = budget is None or budget.allows(peak)
+        except RuntimeError as exc:  # torch.OutOfMemoryError, or cuBLAS/cuDNN failing to allocate
+            if not is_out_of_memory(exc):
+                raise
             ok, peak = False, 0
         model.zero_grad(set_to_none=True)
         release_memory(device)  # the failed pass's tensors went with its frame
@@ -120,17 +172,20 @@ def model_fits(model: UnifiedVoiceGPT, device: torch.device, amp_dtype: torch.dt
 
 
 def _forward_backward(model: UnifiedVoiceGPT, n: int, device: torch.device, amp_dtype: torch.dtype | None,
-                      text_len: int, code_len: int) -> int:
-    """Peak bytes allocated by one training pass over n longest samples (0 on CPU: not measured)."""
+                      text_len: int, code_len: int, passes: int = 1) -> int:
+    """Peak bytes allocated by `passes` training passes over n longest samples, accumulating gradients
+    (0 on CPU: not measured)."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
     batch = _longest_batch(n, model.cfg.model_dim, text_len, code_len, device)
     ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
-    with ctx:
-        sums = model.loss_sums(*batch, dropout_keys=dropout_keys(0, 0, torch.arange(n, device=device)))
-    (sums["text_ce"] + sums["mel_ce"]).backward()
+    for _ in range(passes):
+        with ctx:
+            sums = model.loss_sums(*batch, dropout_keys=dropout_keys(0, 0, torch.arange(n, device=device)))
+        (sums["text_ce"] + sums["mel_ce"]).backward()
+        del sums
     if not cuda:
         return 0
     torch.cuda.synchronize(device)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from trainers.errors import UserError
+from trainers.hardware.host_memory import total_ram_bytes
 
 log = logging.getLogger("train")
 
@@ -125,7 +126,7 @@ def detect_hardware(device: torch.device) -> Hardware:
         gpu = GpuInfo(index=index, name=props.name, total_bytes=total, free_bytes=free, capability=capability,
                       bf16=capability >= (8, 0), tf32=capability >= (8, 0))
     return Hardware(device=device, gpu=gpu, gpu_count=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                    cpu_cores=_cpu_cores(), ram_bytes=_ram_bytes())
+                    cpu_cores=_cpu_cores(), ram_bytes=total_ram_bytes())
 
 
 def _cpu_cores() -> int:
@@ -133,13 +134,6 @@ def _cpu_cores() -> int:
         return len(os.sched_getaffinity(0))  # what this process may use (containers, taskset)
     except AttributeError:
         return os.cpu_count() or 1
-
-
-def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0
 
 
 def amp_dtype(hw: Hardware, amp: bool) -> torch.dtype | None:

@@ -19,7 +19,7 @@ from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting,
 from trainers.hardware.detect import (
     CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, configure_device, split_for,
 )
-from trainers.hardware.oom_recovery import halved
+from trainers.hardware.oom_recovery import OutOfMemoryStop, halved
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.training.faults import OomInjector
 
@@ -48,10 +48,24 @@ class HardwarePlan:
         old = self.split
         self.split = split_for(effective_batch, halved(old.micro_batch, where, error),
                                "halved after running out of memory")
-        if self.probe is not None:  # auto mode: the next resume on this machine starts at the size that worked
+        if self.probe is not None:  # the next start on this machine begins at the size that worked
             cache, key = self.probe
-            cache.store(key, self.split.micro_batch, f"halved after running out of memory at {where}")
+            cache.store(key, self.split.micro_batch, f"halved after running out of memory at {where}",
+                        out_of_memory_at=old.micro_batch)
         return old
+
+    def record_out_of_memory(self, effective_batch: int, where: str, error: str) -> str:
+        """After an out-of-memory error that stops the run (in the optimizer update, or in the gradient sum
+        under torchrun): the next start on this machine begins at half the micro-batch. Returns what to tell
+        the user."""
+        try:
+            self.halve_micro_batch(effective_batch, where, error)
+        except OutOfMemoryStop:
+            return "The micro-batch is already 1: use --grad-checkpointing or --amp, or free GPU memory"
+        micro = self.split.micro_batch
+        if self.probe is not None and self.probe[0].writable:
+            return f"The next start on this machine uses micro-batch {micro} (recorded in {self.probe[0].path.name})"
+        return f"Pass --batch-size {micro} to start with a smaller micro-batch"
 
     def halve_val_batch(self, error: str) -> None:
         self.val_batch = halved(self.val_batch, "validation", error)
@@ -74,34 +88,42 @@ class HardwarePlan:
 
 
 def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: SampleTable,
-                  model_fingerprint: str, run_dir: Path, write_cache: bool = True) -> HardwarePlan:
-    """The plan of one process; write_cache False: leave the probe cache to another process (torchrun's rank 0)."""
+                  model_fingerprint: str, run_dir: Path, write_cache: bool = True, world_size: int = 1) -> HardwarePlan:
+    """The plan of one process (`cfg.effective_batch` is its share of a step); write_cache False: leave the
+    probe cache to another process (torchrun's rank 0)."""
     amp = amp_dtype(hardware, cfg.amp)
     tf32 = configure_device(hardware, cfg.tf32)
     oom = OomInjector.from_env()
-    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache)
+    split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache,
+                                world_size)
     workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
-    return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
+    plan = HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
+    plan.world_size = world_size
+    return plan
 
 
 def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
                  samples: SampleTable, model_fingerprint: str, run_dir: Path, oom: OomInjector,
-                 write_cache: bool = True) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
-    """The micro-batch split: as given, else probed on this GPU (cached per machine), else the CPU size."""
+                 write_cache: bool = True, world_size: int = 1,
+                 ) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+    """The micro-batch split: as given (below a size that ran out of memory here), else probed on this GPU
+    (cached per machine and settings), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
-    if given is not None:
-        return given, None
     if not (hw.is_cuda or oom.active):
-        return split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
+        return given or split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
     key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
-                   grad_checkpointing=cfg.grad_checkpointing, longest_text=int(samples.text_len.max()),
-                   longest_codes=int(samples.code_len.max()), effective_batch=cfg.effective_batch)
+                   grad_checkpointing=cfg.grad_checkpointing, deterministic=cfg.deterministic, dropout=cfg.dropout,
+                   dropout_masks=cfg.dropout_masks, world_size=world_size,
+                   longest_text=int(samples.text_len.max()), longest_codes=int(samples.code_len.max()),
+                   effective_batch=cfg.effective_batch)
     cache = ProbeCache(run_dir, writable=write_cache)
+    if given is not None:
+        return _below_known_failure(given, cfg.effective_batch, cache, key), (cache, key)
     cached = cache.lookup(key)
     if cached is not None:
         return split_for(cfg.effective_batch, cached, f"auto: probed earlier on this machine, {cache.path.name}"), \
             (cache, key)
-    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom)
+    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom, world_size, cfg.effective_batch)
     micro = largest_fitting(fits, cfg.effective_batch)
     if micro == 0:
         log.warning("even a micro-batch of 1 of the longest samples (%d text, %d codes) does not fit in memory; "
@@ -111,3 +133,15 @@ def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: to
     detail = f"auto: probed on the longest samples ({key.longest_text} text, {key.longest_codes} codes)"
     cache.store(key, micro, detail)
     return split_for(cfg.effective_batch, micro, detail), (cache, key)
+
+
+def _below_known_failure(given: BatchSplit, effective_batch: int, cache: ProbeCache, key: ProbeKey) -> BatchSplit:
+    """A given micro-batch at or above one that ran out of memory on this machine with these settings (an
+    error that stopped the run, or one recovered from) starts at the size that worked instead."""
+    failed = cache.failed_size(key)
+    smaller = cache.lookup(key)
+    if failed is None or smaller is None or given.micro_batch < failed[0]:
+        return given
+    log.info("micro-batch %d ran out of memory on this machine with these settings (%s, %s): starting at %d; delete "
+             "%s to try %d again", failed[0], failed[1], cache.path.name, smaller, cache.path, given.micro_batch)
+    return split_for(effective_batch, smaller, f"{given.reason}, lowered after running out of memory")

@@ -84,6 +84,9 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
     try:
         world.agree_to_start(run)
         world.attach(run)  # one split for all processes, DDP, rank 0 writes the checkpoints
+        # Background saves only if their host copy fits; measured now that a resumed checkpoint's host copy is gone.
+        workers = run.hw.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
+        run.checkpoints.fit_to_host_memory(workers)
     except BaseException:
         run.close()
         raise
@@ -137,8 +140,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     # Under torchrun the split is each process's, of its share of a step.
     rank_cfg = replace(cfg.train, effective_batch=world.rank_batch(cfg.train.effective_batch))
     hw = plan_hardware(rank_cfg, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
-                       run_dir, write_cache=world.is_main)
-    hw.world_size = world.size
+                       run_dir, write_cache=world.is_main, world_size=world.size)
     optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
     components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
                                   "rng": ProcessRNG(), "run": cfg, "hardware": hw}

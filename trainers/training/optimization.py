@@ -84,6 +84,15 @@ class Optimization:
         return first_non_finite((f"{names.get(id(p), '?')}.{k}", v) for p, state in self.optimizer.state.items()
                                 for k, v in state.items() if isinstance(v, torch.Tensor))
 
+    def state_sizes_to_come(self) -> list[tuple[int, torch.device]]:
+        """(bytes, device) of the state AdamW creates at its first step for parameters that have none yet: exp_avg
+        and exp_avg_sq shaped like the parameter, and a float32 step count on the CPU. For sizing host buffers
+        before that step."""
+        cpu = torch.device("cpu")
+        return [size for p in self.params if not self.optimizer.state.get(p)
+                for size in ((p.numel() * p.element_size(), p.device), (p.numel() * p.element_size(), p.device),
+                             (4, cpu))]
+
     def discard_gradients(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
