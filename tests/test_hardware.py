@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT
-from trainers.data.manifest_lines import Sample
+from trainers.data.sample_table import Sample, SampleTable
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.training.faults import OomInjector
 from trainers.model.gpt_model import UnifiedVoiceGPT
@@ -132,8 +132,8 @@ def test_probe_cache_is_reused_only_for_the_same_key(tmp_path):
     assert cache.lookup(key) is None
 
 
-def _samples(text_len: int, code_len: int) -> list[Sample]:
-    return [Sample(0, "a", "m.jsonl:1", "", "", "", "", text_len, code_len, None, None)]
+def _samples(text_len: int, code_len: int) -> SampleTable:
+    return SampleTable.of([Sample(0, "a", "m.jsonl:1", "", "", "", "", text_len, code_len, None, None)])
 
 
 @pytest.mark.parametrize("changed", [{"deterministic": True}, {"world_size": 2}, {"dropout": 0.0},
