@@ -2,7 +2,8 @@
 
 The effective batch (samples per optimizer step) is a hyperparameter of the run and never
 changes with the hardware. The hardware decides only how a step's samples are split into
-micro-batches, how many loader processes feed them, and which mixed-precision dtype --amp uses.
+micro-batches, how many loader processes feed them, and (trainers/hardware/precision.py) which
+mixed-precision dtype --amp uses.
 """
 from __future__ import annotations
 
@@ -140,16 +141,6 @@ def _ram_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return 0
-
-
-def amp_dtype(hw: Hardware, amp: bool) -> torch.dtype | None:
-    """bf16 where the GPU has it (no loss scaling needed), else fp16 with a GradScaler."""
-    if not amp:
-        return None
-    if hw.gpu is None:
-        log.info("--amp is ignored on CPU: mixed precision is used on CUDA only")
-        return None
-    return torch.bfloat16 if hw.gpu.bf16 else torch.float16
 
 
 def auto_workers(hw: Hardware) -> tuple[int, str]:
