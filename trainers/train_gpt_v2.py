@@ -181,8 +181,14 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             bad_steps = 0 if result.applied else bad_steps + 1
             if bad_steps:
                 limit = MAX_SKIPPED_FP16 if run.optim.scaler.is_enabled() else MAX_BAD_STEPS
-                log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this repeats, "
-                            "lower --learning-rate or check the data", progress.step + 1, result.grad_norm, bad_steps)
+                if run.optim.scaler.is_enabled() and bad_steps < MAX_BAD_STEPS:  # the scaler finding its scale
+                    log.info("step %d: fp16 gradients overflowed, update skipped; the loss scale is lowered to %g "
+                             "(normal in the first steps of an fp16 run; %d in a row)", progress.step + 1,
+                             run.optim.scaler.get_scale(), bad_steps)
+                else:
+                    log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this "
+                                "repeats, lower --learning-rate or check the data", progress.step + 1,
+                                result.grad_norm, bad_steps)
                 if bad_steps >= limit:
                     log.error("training diverged: %d steps in a row with non-finite gradients%s; the last checkpoint "
                               "(%s) is intact", bad_steps, " at every loss scale" if run.optim.scaler.is_enabled()
