@@ -129,9 +129,10 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     rt.add_argument("--tf32", action=argparse.BooleanOptionalAction,
                     help="TF32 tensor cores for fp32 matrix products on Ampere and newer GPUs [on]")
     rt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations to save memory")
-    rt.add_argument("--deterministic", action="store_true",
-                    help="deterministic CUDA kernels, for bit-identical resume on GPU (slower; CPU runs are "
-                         "deterministic anyway)")
+    rt.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
+                    help="deterministic kernels only, for bit-identical resume on a GPU: an op without one stops "
+                         "the run (exit 2) instead of running; slower. CPU runs are deterministic anyway "
+                         f"[{'on' if d.deterministic else 'off'}]")
     _num(rt, "--num-workers", d.num_workers, "data loading worker processes (0: auto)")
     rt.add_argument("--device", help=f"auto, cpu, cuda or cuda:N [{d.device}]")
     _num(rt, "--val-interval", d.val_interval, "validate every N optimizer steps (0: only at start and end)")

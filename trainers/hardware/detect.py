@@ -80,24 +80,6 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def make_deterministic() -> None:
-    """Kernels that give the same bits run to run, for --deterministic on CUDA (CPU runs are anyway).
-
-    cuBLAS needs a fixed workspace; the flash and memory-efficient attention backends have no
-    deterministic backward, so attention runs on the math backend, which is slower and keeps the
-    full attention matrix in memory. An op with no deterministic kernel warns, naming itself.
-    """
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_math_sdp(True)
-
-
 def configure_device(hw: "Hardware", tf32: bool) -> bool:
     """Make the chosen GPU the current one and set matmul precision; returns whether TF32 is on.
 

@@ -17,9 +17,11 @@ from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
 from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
-from trainers.hardware.detect import Hardware, detect_hardware, make_deterministic, pick_device
+from trainers.hardware.detect import Hardware, detect_hardware, pick_device
+from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.hardware.precision import AmpChoice, choose_amp
+from trainers.model.layout import PREFIX_LEN
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
@@ -191,6 +193,10 @@ def log_summary(run: Run) -> None:
     amp = AmpChoice(hw.amp_dtype, hw.amp_reason)
     log.info("data workers %d (%s); amp %s (%s); TF32 %s", hw.num_workers, hw.workers_reason, amp.name, amp.reason,
              "on" if hw.tf32 else "off" + (" (--no-tf32)" if hw.hardware.is_cuda and not cfg.tf32 else ""))
+    if cfg.deterministic:
+        gpt = run.cfg.gpt
+        log_determinism(hw.hardware, hw.amp_dtype, gpt.heads, gpt.model_dim // gpt.heads,
+                        PREFIX_LEN + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
     past_end = f"; the floor {schedule.floor:.4g} from step {schedule.end_step} on" \
         if run.total_steps > schedule.end_step else ""
