@@ -1,5 +1,5 @@
 """--deterministic keeps its promise: an op without a deterministic kernel stops the run (exit 2, named,
-no traceback) instead of training on; attention keeps a fused backend.
+no traceback) instead of training on; the loss avoids NLLLoss; attention keeps a fused backend.
 
 No GPU here: the CUDA-only conditions are forced on the CPU. `put_` (accumulate=False) has no
 deterministic kernel on any device, so a wrapper that runs it before a model op stands for a CUDA
@@ -8,6 +8,7 @@ kernel without one; fake GPUs (tests/test_hardware.py) stand for the devices' ca
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from tests.demo_runs import final_state, small_corpus_flags, train_here
 from tests.test_hardware import _FakeGpu, _fake_cuda
 from trainers.hardware.detect import detect_hardware, pick_device
 from trainers.hardware.determinism import attention_backend, make_deterministic, math_attention_bytes
+from trainers.model.cross_entropy import summed_cross_entropy
 
 NO_KERNEL = "does not have a deterministic implementation"
 
@@ -108,6 +110,43 @@ def test_such_an_op_in_the_start_up_probe_or_the_update_is_a_clean_stop_too(tmp_
     assert "met in the optimizer update of step 2" in updated.stderr
     assert "Nothing was saved from this step; the last checkpoint (none yet) is intact" in updated.stderr
     assert "Traceback" not in updated.stderr and not (tmp_path / "update" / "latest.pth").exists()
+
+
+def test_the_deterministic_loss_runs_no_nll_loss_and_changes_no_weight(demo_assets, tmp_path, monkeypatch,
+                                                                      deterministic_state_kept):
+    """torch's documentation lists NLLLoss (F.cross_entropy's kernel) among the ops without a deterministic
+    CUDA kernel: made so here, a --deterministic run still trains, with no warning about such an op, and
+    ends with the weights of the same run without --deterministic, bit for bit (demo base checkpoint, dropout)."""
+    flags = [*demo_assets, "--batch-size", "8", "--max-steps", "3", "--val-interval", "0", "--max-val-batches", "1",
+             "--dropout", "0.1"]
+    plain = train_here(tmp_path / "plain", *flags)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    monkeypatch.setattr(F, "cross_entropy", _alerting(F.cross_entropy, training_only=False))
+    monkeypatch.setattr(F, "nll_loss", _alerting(F.nll_loss, training_only=False))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        done = train_here(tmp_path / "run", *flags, "--deterministic")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not [w for w in seen if NO_KERNEL in str(w.message)]
+    assert "deterministic: on (an op without a deterministic kernel stops the run" in done.stderr
+    assert "attention: cpu" in done.stderr
+    a, b = final_state(tmp_path / "plain"), final_state(tmp_path / "run")
+    for key in a.model:
+        assert torch.equal(a.model[key], b.model[key]), key
+
+
+@pytest.mark.parametrize("rows, classes", [(1, 2), (37, 130), (3000, 8194)])
+def test_the_gather_cross_entropy_equals_the_fused_one(rows, classes):
+    """Same loss within float rounding (only the final sum's order differs), bit-identical gradients."""
+    gen = torch.Generator().manual_seed(rows)
+    logits = (torch.randn(rows, classes, generator=gen) * 3).requires_grad_()
+    targets = torch.randint(0, classes, (rows,), generator=gen)
+    fused = summed_cross_entropy(logits, targets)
+    (g_fused,) = torch.autograd.grad(fused * 0.37, logits)
+    gathered = summed_cross_entropy(logits, targets, deterministic=True)
+    (g_gathered,) = torch.autograd.grad(gathered * 0.37, logits)
+    torch.testing.assert_close(gathered, fused, rtol=1e-6, atol=0)
+    assert torch.equal(g_gathered, g_fused)
 
 
 def test_deterministic_mode_raises_and_keeps_the_fused_attention_backends(deterministic_state_kept):
