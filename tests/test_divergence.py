@@ -6,6 +6,7 @@ the real loop, checkpointing and rotation are exercised in-process.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +99,7 @@ def test_fp16_loss_scaler_skips_are_counted_and_end_the_run(demo_assets, tmp_pat
     from trainers.training.faults import Faults, KillPoint, NanInjector
     from trainers.training.stop_signals import StopRequest
 
+    caplog.set_level(logging.INFO, logger="train")
     out = tmp_path / "run"
     run = setup_run(parse_command_line(["--output-dir", str(out), *demo_assets, *FLAGS, "--max-steps", "40"]))
     run.optim.scaler = torch.amp.GradScaler("cpu", enabled=True)
@@ -108,6 +110,9 @@ def test_fp16_loss_scaler_skips_are_counted_and_end_the_run(demo_assets, tmp_pat
         stop.uninstall()
     assert status == 3
     assert f"{MAX_SKIPPED_FP16} steps in a row with non-finite gradients at every loss scale" in caplog.text
+    # The first skips are the scaler finding its scale (INFO); from the fifth in a row on they are warned about.
+    assert "step 3: fp16 gradients overflowed, update skipped; the loss scale is lowered to 32768" in caplog.text
+    assert "step 6: non-finite" not in caplog.text and "step 7: non-finite gradients" in caplog.text
     assert run.progress.step == 2 + MAX_SKIPPED_FP16 - 1 and run.optim.scaler.get_scale() < 1  # the last one ended it
     assert final_state(out).step == 2  # nothing saved during the streak
 

@@ -13,8 +13,9 @@ from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting,
 from trainers.training.faults import OomInjector
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.hardware.detect import (
-    amp_dtype, auto_workers, choose_split, configure_device, detect_hardware, pick_device,
+    auto_workers, choose_split, configure_device, detect_hardware, pick_device,
 )
+from trainers.hardware.precision import amp_dtype, choose_amp
 from trainers.config.flags import CommandLine
 from trainers.config.settings import saved_settings
 from trainers.errors import UserError
@@ -30,7 +31,7 @@ def test_cpu_is_detected_with_cores_and_memory():
     assert not hw.is_cuda and hw.gpu is None and hw.cache_key() == "cpu"
     assert hw.cpu_cores >= 1 and hw.ram_bytes > 0
     assert "CPU only" in hw.describe()
-    assert amp_dtype(hw, amp=True) is None  # mixed precision is a CUDA feature here
+    assert amp_dtype(hw, "auto") is None  # auto is fp32 on the CPU
     assert auto_workers(hw)[0] == 0
 
 
@@ -292,7 +293,7 @@ def test_cuda_detection_and_proposals_with_a_faked_gpu(monkeypatch):
     assert hw.is_cuda and hw.gpu.tf32 and hw.gpu.bf16 and hw.gpu_count == 1
     assert hw.cache_key() == "cuda|NVIDIA L4|22528MiB|sm89"
     assert "NVIDIA L4 (22.0 GiB, 20.0 GiB free, compute 8.9, bf16 yes, TF32 yes" in hw.describe()
-    assert amp_dtype(hw, amp=True) is torch.bfloat16 and amp_dtype(hw, amp=False) is None
+    assert amp_dtype(hw, "auto") is torch.bfloat16 and amp_dtype(hw, "off") is None
     workers, why = auto_workers(hw)
     assert 1 <= workers <= 4 and "cores" in why
 
@@ -342,10 +343,34 @@ def test_bf16_and_tf32_follow_the_chosen_gpus_compute_capability(monkeypatch, tf
     calls = _fake_cuda(monkeypatch, [_FakeGpu("Tesla T4", 7, 5), _FakeGpu("NVIDIA A100-SXM4-80GB", 8, 0)])
     t4 = detect_hardware(pick_device("cuda"))
     assert t4.device == torch.device("cuda", 0) and not t4.gpu.bf16 and not t4.gpu.tf32
-    assert amp_dtype(t4, amp=True) is torch.float16  # emulated bf16 is not used: fp16 with a loss scaler
+    assert amp_dtype(t4, "auto") is torch.float16  # emulated bf16 is not used: fp16 with a loss scaler
     assert configure_device(t4, tf32=True) is False and calls == [torch.device("cuda", 0)]
     a100 = detect_hardware(pick_device("cuda:1"))  # not the current device
-    assert a100.gpu.index == 1 and a100.gpu.bf16 and amp_dtype(a100, amp=True) is torch.bfloat16
+    assert a100.gpu.index == 1 and a100.gpu.bf16 and amp_dtype(a100, "auto") is torch.bfloat16
     assert configure_device(a100, tf32=True) is True and calls[-1] == torch.device("cuda", 1)
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     assert configure_device(a100, tf32=False) is False and not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_amp_modes_on_each_kind_of_machine(monkeypatch):
+    """auto is mixed precision wherever it is safe: bf16 on GPUs with bf16, fp16 with a loss scaler on
+    older GPUs, fp32 on the CPU; bf16 and fp16 run on the CPU too; bf16 is refused where it would be emulated."""
+    cpu = detect_hardware(torch.device("cpu"))
+    assert [amp_dtype(cpu, m) for m in ("auto", "bf16", "fp16", "off")] == [None, torch.bfloat16, torch.float16, None]
+    assert "fp32 on the CPU" in choose_amp(cpu, "auto").reason
+    _fake_cuda(monkeypatch, [_FakeGpu("Tesla V100-SXM2-16GB", 7, 0), _FakeGpu("NVIDIA H100 80GB HBM3", 9, 0)])
+    v100, h100 = detect_hardware(pick_device("cuda:0")), detect_hardware(pick_device("cuda:1"))
+    assert [amp_dtype(h100, m) for m in ("auto", "bf16", "fp16", "off")] == \
+        [torch.bfloat16, torch.bfloat16, torch.float16, None]
+    auto = choose_amp(v100, "auto")
+    assert auto.dtype is torch.float16 and auto.name == "fp16"
+    assert "has no bf16, so fp16 with a loss scaler; --amp off for fp32" in auto.reason
+    with pytest.raises(UserError, match=r"--amp bf16: Tesla V100-SXM2-16GB \(compute 7.0\) has no bf16 tensor cores"):
+        choose_amp(v100, "bf16")
+
+
+@pytest.mark.parametrize("saved, expected", [(True, "auto"), (False, "off"), ("bf16", "bf16")])
+def test_a_saved_amp_switch_resumes_as_the_mode_it_computed_in(saved, expected):
+    """Runs saved when --amp was a switch: on was bf16 where supported, else fp16, fp32 on the CPU (auto);
+    off was fp32 everywhere. A resume keeps that choice."""
+    assert saved_settings({"amp": saved})["amp"] == expected

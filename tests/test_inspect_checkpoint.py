@@ -265,7 +265,11 @@ def test_split_the_checkpoint_was_written_with(tmp_path, capsys):
     (False, "None", "off"),
     (True, "torch.bfloat16", "bf16"),
     (True, "torch.float16", "fp16 with loss scaling"),
-    (True, "None", "off (--amp was given; mixed precision is used on CUDA only)"),
+    (True, "None", "off (--amp auto: fp32 on the CPU)"),  # the old switch, on, in a CPU run
+    ("auto", "None", "off (--amp auto: fp32 on the CPU)"),
+    ("auto", "torch.float16", "fp16 with loss scaling"),
+    ("bf16", "torch.bfloat16", "bf16"),  # also a CPU run's, with --amp bf16
+    ("off", "None", "off"),
 ])
 def test_amp_is_what_the_run_computed_in(tmp_path, capsys, amp, amp_dtype, shown):
     path = tmp_path / "ckpt.pth"

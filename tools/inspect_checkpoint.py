@@ -122,11 +122,13 @@ def summarize_config(saved: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def mixed_precision(amp_dtype: str, requested: bool | None) -> str:
-    """What the run computed in when it wrote the checkpoint, and why where that is not what --amp asked for."""
+def mixed_precision(amp_dtype: str, requested: str | None) -> str:
+    """What the run computed in when it wrote the checkpoint, and why where --amp asked for more.
+
+    `requested` is the saved --amp mode (saved_settings() turns the old on/off switch into auto/off)."""
     used = AMP_NAMES.get(amp_dtype, amp_dtype)
-    if used == "off" and requested:
-        return "off (--amp was given; mixed precision is used on CUDA only)"
+    if used == "off" and requested == "auto":
+        return "off (--amp auto: fp32 on the CPU)"
     return used
 
 

@@ -8,7 +8,8 @@
     python trainers/train_gpt_v2.py --resume auto --output-dir runs/my_voice
 
 Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
-trained); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
+trained), or --deterministic met an op with no deterministic kernel (it did not run; the steps
+before it are saved); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
 one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
 6 under torchrun: another process failed; 7 host memory (RAM) ran out for a checkpoint's copy (the
 previous checkpoint is intact); 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
@@ -44,6 +45,7 @@ from trainers.errors import (  # noqa: E402
     EXIT_DIVERGED, EXIT_HOST_MEMORY, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
     DistributedFailure, HostMemoryError, LogWriteError, TrainingDiverged, UserError,
 )
+from trainers.hardware.determinism import NO_DETERMINISM_ADVICE, NondeterministicOp, nondeterministic_or  # noqa: E402
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
 )
@@ -96,6 +98,12 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
         if not stop.training:
             log.warning("stopped by %s during start-up: nothing was trained, no checkpoint was changed", exc)
         return exc.exit_status  # during training: a second signal abandoned the step, the last checkpoint stands
+    except RuntimeError as exc:  # before training: the micro-batch probe's passes
+        nondeterministic = NondeterministicOp.from_error(exc, "during start-up")
+        if nondeterministic is None:
+            raise
+        log.error("%s; nothing was trained. %s", nondeterministic, NO_DETERMINISM_ADVICE)
+        return EXIT_USAGE
     except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
         where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
             f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
@@ -160,7 +168,15 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         stop_keeping_progress(run, tlog, first_step, exc, "free GPU memory (other processes), use --grad-checkpointing, "
                               "or drop the longest samples")
         return EXIT_OUT_OF_MEMORY
+    except NondeterministicOp as exc:  # in forward, backward, clipping or validation: the weights are at a step boundary
+        stop_keeping_progress(run, tlog, first_step, exc, NO_DETERMINISM_ADVICE)
+        return EXIT_USAGE
     except RuntimeError as exc:
+        nondeterministic = NondeterministicOp.from_error(exc, f"in the optimizer update of step {run.progress.step + 1}")
+        if nondeterministic is not None:  # the weights may be partly updated: save nothing
+            log.error("%s. Nothing was saved from this step; the last checkpoint (%s) is intact. %s", nondeterministic,
+                      run.checkpoints.newest_name(), NO_DETERMINISM_ADVICE)
+            return EXIT_USAGE
         if not is_out_of_memory(exc):
             raise
         # In the optimizer update: the weights may be partly updated, so save nothing.
@@ -194,8 +210,14 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             bad_steps = 0 if result.applied else bad_steps + 1
             if bad_steps:
                 limit = MAX_SKIPPED_FP16 if run.optim.scaler.is_enabled() else MAX_BAD_STEPS
-                log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this repeats, "
-                            "lower --learning-rate or check the data", progress.step + 1, result.grad_norm, bad_steps)
+                if run.optim.scaler.is_enabled() and bad_steps < MAX_BAD_STEPS:  # the scaler finding its scale
+                    log.info("step %d: fp16 gradients overflowed, update skipped; the loss scale is lowered to %g "
+                             "(normal in the first steps of an fp16 run; %d in a row)", progress.step + 1,
+                             run.optim.scaler.get_scale(), bad_steps)
+                else:
+                    log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this "
+                                "repeats, lower --learning-rate or check the data", progress.step + 1,
+                                result.grad_norm, bad_steps)
                 if bad_steps >= limit:
                     log.error("training diverged: %d steps in a row with non-finite gradients%s; the last checkpoint "
                               "(%s) is intact", bad_steps, " at every loss scale" if run.optim.scaler.is_enabled()
@@ -261,7 +283,7 @@ def train_step(run: Run, plan: StepPlan, batches, faults: Faults) -> tuple[StepM
         bad_sample = exc
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
-            raise
+            raise nondeterministic_or(exc, f"in the forward/backward pass of step {step + 1}")
         # Keep only the text: leaving this handler drops the failed pass's frames, graph and tensors.
         oom = oom_message(exc)
     try:
@@ -271,7 +293,7 @@ def train_step(run: Run, plan: StepPlan, batches, faults: Faults) -> tuple[StepM
             grad_norm = run.optim.prepare()  # changes no weight: an out-of-memory error here is recoverable too
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
-            raise
+            raise nondeterministic_or(exc, f"in the gradient clipping of step {step + 1}")
         oom = oom_message(exc)
     metrics = StepMetrics()
     if oom is None and bad_sample is None and totals:
@@ -361,7 +383,7 @@ def validation_pass(run: Run, count: int) -> tuple[dict[str, StepMetrics], str |
             metrics[lang].add(batch_loss_sums(run.model, batch, run.hw.device, run.hw.amp_dtype), len(batch.ids))
     except RuntimeError as exc:
         if not is_out_of_memory(exc):
-            raise
+            raise nondeterministic_or(exc, f"in the validation at step {run.progress.step}")
         error = oom_message(exc)
     return run.world.reduce_validation(metrics, error)  # under torchrun: the sums of all processes
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from trainers.config.bounds import (
     BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
 )
-from trainers.config.settings import TrainConfig
+from trainers.config.settings import AMP_MODES, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,18 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
 
 
 def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
-    rt.add_argument("--amp", action="store_true", help="mixed precision on CUDA (bf16 if supported, else fp16)")
+    rt.add_argument("--amp", nargs="?", const="auto", choices=AMP_MODES,
+                    help="mixed precision. auto: bf16 on GPUs that have it, fp16 with a loss scaler on older GPUs "
+                         "(T4, V100), fp32 on the CPU; bf16 / fp16: that autocast dtype (also on the CPU); off: "
+                         "fp32. A bare --amp is auto. A resume keeps the run's choice unless this flag is given "
+                         f"[{d.amp}]")
     rt.add_argument("--tf32", action=argparse.BooleanOptionalAction,
                     help="TF32 tensor cores for fp32 matrix products on Ampere and newer GPUs [on]")
     rt.add_argument("--grad-checkpointing", action="store_true", help="recompute activations to save memory")
-    rt.add_argument("--deterministic", action="store_true",
-                    help="deterministic CUDA kernels, for bit-identical resume on GPU (slower; CPU runs are "
-                         "deterministic anyway)")
+    rt.add_argument("--deterministic", action=argparse.BooleanOptionalAction,
+                    help="deterministic kernels only, for bit-identical resume on a GPU: an op without one stops "
+                         "the run (exit 2) instead of running; slower. CPU runs are deterministic anyway "
+                         f"[{'on' if d.deterministic else 'off'}]")
     _num(rt, "--num-workers", d.num_workers, "data loading worker processes (0: auto)")
     rt.add_argument("--device", help=f"auto, cpu, cuda or cuda:N [{d.device}]")
     _num(rt, "--val-interval", d.val_interval, "validate every N optimizer steps (0: only at start and end)")

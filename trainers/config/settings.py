@@ -44,7 +44,9 @@ class TrainConfig:
     # None until resolved: on when the tokenizer extends the base checkpoint's vocabulary.
     freeze_base_vocab: bool | None = None
     # Run-time choices that do not change the result beyond float rounding.
-    amp: bool = False
+    # Mixed precision (AMP_MODES): auto is bf16 on GPUs that have it, fp16 with a loss scaler on
+    # older GPUs, fp32 on the CPU (trainers/hardware/precision.py).
+    amp: str = "auto"
     tf32: bool = True
     grad_checkpointing: bool = False
     deterministic: bool = False
@@ -80,6 +82,8 @@ class TrainConfig:
 
 FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
 
+AMP_MODES = ("auto", "bf16", "fp16", "off")
+
 # Settings a saved run lacks because it was written before they existed, with the value
 # that run actually trained with (never today's default, which may differ).
 LEGACY_VALUES: dict[str, Any] = {
@@ -95,6 +99,10 @@ def saved_settings(saved: dict[str, Any]) -> dict[str, Any]:
     values = {k: v for k, v in saved.items() if k in FIELD_NAMES}
     for key, legacy in LEGACY_VALUES.items():
         values.setdefault(key, legacy)
+    if isinstance(values.get("amp"), bool):
+        # Before the modes, --amp was a switch: on meant bf16 where the GPU has it, else fp16, and
+        # fp32 on the CPU (what auto does); off was fp32 everywhere.
+        values["amp"] = "auto" if values["amp"] else "off"
     if "effective_batch" not in values and values.get("batch_size") and values.get("grad_accumulation"):
         # Before --effective-batch existed, the product of the split was the effective batch.
         values["effective_batch"] = values["batch_size"] * values["grad_accumulation"]

@@ -2,7 +2,8 @@
 
 The effective batch (samples per optimizer step) is a hyperparameter of the run and never
 changes with the hardware. The hardware decides only how a step's samples are split into
-micro-batches, how many loader processes feed them, and which mixed-precision dtype --amp uses.
+micro-batches, how many loader processes feed them, and (trainers/hardware/precision.py) which
+mixed-precision dtype --amp uses.
 """
 from __future__ import annotations
 
@@ -80,24 +81,6 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def make_deterministic() -> None:
-    """Kernels that give the same bits run to run, for --deterministic on CUDA (CPU runs are anyway).
-
-    cuBLAS needs a fixed workspace; the flash and memory-efficient attention backends have no
-    deterministic backward, so attention runs on the math backend, which is slower and keeps the
-    full attention matrix in memory. An op with no deterministic kernel warns, naming itself.
-    """
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.enable_flash_sdp(False)
-    torch.backends.cuda.enable_mem_efficient_sdp(False)
-    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(False)
-    torch.backends.cuda.enable_math_sdp(True)
-
-
 def configure_device(hw: "Hardware", tf32: bool) -> bool:
     """Make the chosen GPU the current one and set matmul precision; returns whether TF32 is on.
 
@@ -136,14 +119,6 @@ def _cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def amp_dtype(hw: Hardware, amp: bool) -> torch.dtype | None:
-    """bf16 where the GPU has it (no loss scaling needed), else fp16 with a GradScaler."""
-    if not amp:
-        return None
-    if hw.gpu is None:
-        log.info("--amp is ignored on CPU: mixed precision is used on CUDA only")
-        return None
-    return torch.bfloat16 if hw.gpu.bf16 else torch.float16
 
 
 def auto_workers(hw: Hardware) -> tuple[int, str]:

@@ -17,8 +17,9 @@ from trainers.config.settings import TrainConfig
 from trainers.data.sample_table import SampleTable
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.hardware.detect import (
-    CPU_MICRO_BATCH, BatchSplit, Hardware, amp_dtype, auto_workers, choose_split, configure_device, split_for,
+    CPU_MICRO_BATCH, BatchSplit, Hardware, auto_workers, choose_split, configure_device, split_for,
 )
+from trainers.hardware.precision import AmpChoice, choose_amp
 from trainers.hardware.oom_recovery import OutOfMemoryStop, halved
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.training.faults import OomInjector
@@ -38,6 +39,7 @@ class HardwarePlan:
     tf32: bool = False
     probe: tuple[ProbeCache, ProbeKey] | None = None  # where to record a micro-batch that proved too large
     world_size: int = 1  # processes under torchrun; the split above is then each process's
+    amp_reason: str = ""  # why amp_dtype, for the start-up summary
 
     @property
     def device(self) -> torch.device:
@@ -88,16 +90,20 @@ class HardwarePlan:
 
 
 def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: SampleTable,
-                  model_fingerprint: str, run_dir: Path, write_cache: bool = True, world_size: int = 1) -> HardwarePlan:
+                  model_fingerprint: str, run_dir: Path, write_cache: bool = True, world_size: int = 1,
+                  precision: AmpChoice | None = None) -> HardwarePlan:
     """The plan of one process (`cfg.effective_batch` is its share of a step); write_cache False: leave the
-    probe cache to another process (torchrun's rank 0)."""
-    amp = amp_dtype(hardware, cfg.amp)
+    probe cache to another process (torchrun's rank 0). `precision`: --amp's choice, when the caller made it
+    already (to refuse a bad one before building the model)."""
+    precision = precision or choose_amp(hardware, cfg.amp)
+    amp = precision.dtype
     tf32 = configure_device(hardware, cfg.tf32)
     oom = OomInjector.from_env()
     split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache,
                                 world_size)
     workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
-    plan = HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe)
+    plan = HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe,
+                        amp_reason=precision.reason)
     plan.world_size = world_size
     return plan
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainers.model.cross_entropy import summed_cross_entropy
 from trainers.model.layout import PREFIX_LEN
 from trainers.model.sample_dropout import DEFAULT_MASKS, MASK_VERSIONS, PositionHashes, SampleDropout, dropout_keys
 
@@ -198,8 +199,10 @@ class LearnedPositionEmbeddings(nn.Module):
 
 
 class UnifiedVoiceGPT(nn.Module):
-    def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False, dropout_masks: str = DEFAULT_MASKS) -> None:
-        """`dropout_masks` picks the mask generator ("v1" or "v2", see trainers/model/sample_dropout.py).
+    def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False, dropout_masks: str = DEFAULT_MASKS,
+                 deterministic_loss: bool = False) -> None:
+        """`dropout_masks` picks the mask generator ("v1" or "v2", see trainers/model/sample_dropout.py);
+        `deterministic_loss` the cross-entropy with deterministic CUDA kernels (trainers/model/cross_entropy.py).
 
         It is not a GPTConfig field: that dict is fingerprinted, and a new field would fail the
         resume check of every existing checkpoint. The trainer keeps it in its run settings.
@@ -208,6 +211,7 @@ class UnifiedVoiceGPT(nn.Module):
         if dropout_masks not in MASK_VERSIONS:
             raise ValueError(f"unknown dropout_masks {dropout_masks!r}; use one of {', '.join(MASK_VERSIONS)}")
         self.dropout_masks = dropout_masks
+        self.deterministic_loss = deterministic_loss
         self._mask_positions = PositionHashes()
         self.cfg = cfg
         self.gradient_checkpointing = gradient_checkpointing
@@ -332,8 +336,8 @@ class UnifiedVoiceGPT(nn.Module):
         mel_logits = self.mel_head(h_mel[m_valid]).float()
         mel_targets = mel_tgt[m_valid]
         return {
-            "text_ce": F.cross_entropy(text_logits, text_tgt[t_valid], reduction="sum"),
-            "mel_ce": F.cross_entropy(mel_logits, mel_targets, reduction="sum"),
+            "text_ce": summed_cross_entropy(text_logits, text_tgt[t_valid], self.deterministic_loss),
+            "mel_ce": summed_cross_entropy(mel_logits, mel_targets, self.deterministic_loss),
             "text_tokens": t_valid.sum(),
             "mel_tokens": m_valid.sum(),
             "mel_correct": (mel_logits.argmax(-1) == mel_targets).sum(),

@@ -22,7 +22,7 @@ log = logging.getLogger("train")
 def build_weights(cfg: RunConfig, inputs: RunInputs, resume: SavedRun | None, device: torch.device) -> GPTWeights:
     """The model, on `device`, with the weights training continues from."""
     model = UnifiedVoiceGPT(cfg.gpt, gradient_checkpointing=cfg.train.grad_checkpointing,
-                            dropout_masks=cfg.train.dropout_masks)
+                            dropout_masks=cfg.train.dropout_masks, deterministic_loss=cfg.train.deterministic)
     weights = GPTWeights(model, {})
     if resume and resume.checkpoint:
         weights.load_state_dict(resume.checkpoint.model, resume.path)

@@ -17,7 +17,7 @@ from typing import Any
 
 from trainers.config.bounds import MAX_COUNT, value_problems
 from trainers.config.flags import CommandLine
-from trainers.config.settings import DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, TrainConfig
+from trainers.config.settings import AMP_MODES, DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, TrainConfig
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
 from trainers.hardware.detect import library_versions
@@ -243,6 +243,8 @@ def check_values(cfg: TrainConfig) -> None:
         problems.append(f"--data-order must be grouped or random, got {cfg.data_order!r}")
     if cfg.dropout_masks not in ("v1", "v2"):
         problems.append(f"--dropout-masks must be v1 or v2, got {cfg.dropout_masks!r}")
+    if cfg.amp not in AMP_MODES:
+        problems.append(f"--amp must be one of {', '.join(AMP_MODES)}, got {cfg.amp!r}")
     if problems:
         raise UserError("\n".join([*problems, "nothing was written; fix these flags (a value saved with the run is "
                                                "replaced by passing its flag)"]))

@@ -17,8 +17,11 @@ from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
 from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
-from trainers.hardware.detect import Hardware, detect_hardware, make_deterministic, pick_device
+from trainers.hardware.detect import Hardware, detect_hardware, pick_device
+from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
+from trainers.hardware.precision import AmpChoice, choose_amp
+from trainers.model.layout import PREFIX_LEN
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
@@ -134,13 +137,14 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         set_aside(run_dir, list(resume.damaged), resume.path)
     same_device = cfg.train.device in ("auto", cmd.given.get("device"))
     hardware = machine if same_device else detect_hardware(world.place(pick_device(cfg.train.device)))
+    precision = choose_amp(hardware, cfg.train.amp)  # refuses bf16 on a GPU without it, before the model is built
     if cfg.train.deterministic:
         make_deterministic()
     weights = build_weights(cfg, inputs, resume, hardware.device)
     # Under torchrun the split is each process's, of its share of a step.
     rank_cfg = replace(cfg.train, effective_batch=world.rank_batch(cfg.train.effective_batch))
     hw = plan_hardware(rank_cfg, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
-                       run_dir, write_cache=world.is_main, world_size=world.size)
+                       run_dir, write_cache=world.is_main, world_size=world.size, precision=precision)
     optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
     components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
                                   "rng": ProcessRNG(), "run": cfg, "hardware": hw}
@@ -189,12 +193,13 @@ def log_summary(run: Run) -> None:
         log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch, %s order",
                  cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation, hw.split.reason,
                  run.data.steps_per_epoch, cfg.data_order)
-    amp_why = ("bf16: supported by this GPU" if hw.amp_dtype == torch.bfloat16 else
-               "fp16 with loss scaling: this GPU has no bf16" if hw.amp_dtype == torch.float16 else
-               "pass --amp for bf16/fp16 on CUDA" if hw.hardware.is_cuda else "CPU")
-    log.info("data workers %d (%s); amp %s (%s); TF32 %s", hw.num_workers, hw.workers_reason,
-             str(hw.amp_dtype).replace("torch.", "") if hw.amp_dtype else "off", amp_why,
+    amp = AmpChoice(hw.amp_dtype, hw.amp_reason)
+    log.info("data workers %d (%s); amp %s (%s); TF32 %s", hw.num_workers, hw.workers_reason, amp.name, amp.reason,
              "on" if hw.tf32 else "off" + (" (--no-tf32)" if hw.hardware.is_cuda and not cfg.tf32 else ""))
+    if cfg.deterministic:
+        gpt = run.cfg.gpt
+        log_determinism(hw.hardware, hw.amp_dtype, gpt.heads, gpt.model_dim // gpt.heads,
+                        PREFIX_LEN + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
     past_end = f"; the floor {schedule.floor:.4g} from step {schedule.end_step} on" \
         if run.total_steps > schedule.end_step else ""
