@@ -50,6 +50,16 @@ def _assert_equal_nested(x: object, y: object, where: str) -> None:
         assert x == y, f"{where}: {x!r} != {y!r}"
 
 
+def train_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard's per-step train scalars as a reader sees them (a resume purges a killed run's later steps)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag.startswith("train/") and tag != "train/samples_per_second"}  # a rate of wall time
+
+
 @pytest.fixture(scope="module")
 def reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("reference") / "run"
@@ -311,3 +321,32 @@ def test_a_signal_save_in_the_background_completes_before_exit(demo_assets, tmp_
     stopped = train_here(out, *demo_assets, *COMMON, "--background-saves", kill_at="SIGTERM@micro:7:1")
     assert stopped.returncode == 143, stopped.stderr
     assert final_state(out).step == 7  # written in the writer thread, complete before the trainer exited
+
+
+def test_an_event_file_opened_in_the_same_second_as_the_previous_ones_is_read_after_them(tmp_path):
+    """A resume right after an invocation killed within a second of opening its event file: TensorBoard
+    reads files in name order (creation second, host, pid), so the new file must not sort first, or the
+    killed invocation's purge event would hide every step the resume writes."""
+    import time
+
+    from trainers.training.train_log import StepMetrics, TrainLog
+
+    def write(start_step: int, steps: range) -> Path:
+        tlog = TrainLog(tmp_path, start_step)
+        for step in steps:
+            metrics = StepMetrics()
+            metrics.add({k: torch.tensor(float(step + start_step)) for k in
+                         ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct")}, 1)
+            tlog.train_step(step, metrics, 1e-3, 1.0, 0.1)
+        tlog.write_steps()
+        tlog.close()
+        return max((tmp_path / "logs").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+
+    killed = write(0, range(1, 6))
+    if time.time() % 1 > 0.5:  # the resume below opens its file well within the second named here
+        time.sleep(1 - time.time() % 1)
+    parts = killed.name.split(".")
+    parts[3], parts[5] = str(int(time.time())), "99999999"  # this second, a pid that sorts after any
+    killed.rename(killed.with_name(".".join(parts)))
+    write(2, range(3, 5))  # resumed from step 2: steps 3-4 replace the killed run's 3-5
+    assert [step for step, _ in train_scalars(tmp_path)["train/mel_loss"]] == [1, 2, 3, 4]

@@ -5,6 +5,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -132,6 +133,7 @@ class TrainLog:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events a killed run wrote after the checkpoint we resume from.
+        _after_the_newest_event_file(self.run_dir / "logs")
         self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=self.start_step + 1)
         self._quiet = _QuietTensorBoardThread()
         self.sample_ids_path = self.run_dir / "sample_ids.tsv"
@@ -221,6 +223,18 @@ class TrainLog:
             log.debug("closing the TensorBoard writer: %s", exc)
         finally:
             self._quiet.restore()
+
+
+def _after_the_newest_event_file(logs: Path) -> None:
+    """TensorBoard reads a run's event files in name order, and a name starts with its creation second
+    (then host and pid): a file created in the same second as the previous invocation's (one that was
+    killed within a second of opening it) could sort before it, and that file's purge would then hide
+    every step written after the resume. Waiting for the next second (at most 1 s) keeps the order."""
+    seconds = [int(p.name.split(".")[3]) for p in logs.glob("events.out.tfevents.*")
+               if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()]
+    wait = max(seconds, default=0) + 1 - time.time()
+    if 0 < wait <= 1:  # more: a file from the future (the clock was set back), which waiting would not fix
+        time.sleep(wait)
 
 
 def _truncate_sample_ids(path: Path, keep_up_to_step: int) -> None:
