@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train_here
-from tests.test_resume_exact import _assert_equal_nested
+from tests.test_resume_exact import _assert_equal_nested, logged_metrics
 
 STEPS = 12
 COMMON = ["--effective-batch", "16", "--max-steps", str(STEPS), "--save-interval", "4", "--val-interval", "0",
@@ -81,6 +81,7 @@ def assert_bit_identical(a: Path, b: Path) -> None:
     _assert_equal_nested(sa.model, sb.model, "model")
     _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
     assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
+    assert logged_metrics(sa.history) == logged_metrics(sb.history)  # what rank 0 logged, and saved mid-interval
 
 
 def history(out: Path, kind: str) -> list[dict]:

@@ -19,9 +19,10 @@ import torch
 from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train, train_here
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
+# Log interval 10: most resumes below land mid-interval, and the logged history must match too.
 COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "6",
           "--val-interval", "0", "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1",
-          "--keep-checkpoints", "2", "--log-interval", "100"]
+          "--keep-checkpoints", "2", "--log-interval", "10"]
 
 
 def assert_same_training(a: Path, b: Path) -> None:
@@ -33,6 +34,15 @@ def assert_same_training(a: Path, b: Path) -> None:
         assert torch.equal(sa.model[key], sb.model[key]), f"model tensor {key} differs"
     _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
     assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
+    assert logged_metrics(sa.history) == logged_metrics(sb.history)
+    assert train_scalars(a) == train_scalars(b)
+
+
+def logged_metrics(history: list[dict]) -> list[dict]:
+    """The history's train and validation entries: exactly equal after a resume (start/resume events aside)."""
+    entries = [e for e in history if e["kind"] not in ("start", "resume")]
+    assert any(e["kind"] == "train" for e in entries)
+    return entries
 
 
 def _assert_equal_nested(x: object, y: object, where: str) -> None:
@@ -216,11 +226,11 @@ def test_ctrl_c_to_the_process_group_with_data_workers(demo_assets, reference, t
     """A terminal's Ctrl-C reaches the workers too; the main process alone must handle it."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *COMMON,
-                             "--num-workers", "2", "--log-interval", "5"],
+                             "--num-workers", "2"],
                             cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if " step 5/" in line:
+        if " step 10/" in line:  # the first log line (--log-interval 10)
             break
     os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()

@@ -108,9 +108,11 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     run.checkpoints.files.on_event = faults.kill.on_checkpoint_event
     cfg = run.cfg.train
     # Under torchrun rank 0 alone writes the log, TensorBoard and sample_ids.tsv (each step's ids, of every process).
+    # It adds to the run's history and open log interval, which the checkpoints save (rank 0's under torchrun).
     tlog = (TrainLog if run.world.is_main else QuietLog)(run.cfg.run_dir, run.progress.step,
                                                          history=run.progress.history,
-                                                         record_sample_ids=cfg.log_sample_ids)
+                                                         record_sample_ids=cfg.log_sample_ids,
+                                                         interval=run.progress.interval)
     if run.progress.step >= run.total_steps:
         log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
                  run.progress.step)
