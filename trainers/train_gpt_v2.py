@@ -52,6 +52,7 @@ from trainers.training.distributed import World  # noqa: E402
 from trainers.training.rank_zero import QuietLog  # noqa: E402
 from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
 from trainers.training.faults import Faults  # noqa: E402
+from trainers.training.process_exit import exit_process  # noqa: E402
 from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402
 from trainers.training.optimization import StepResult  # noqa: E402
 from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
@@ -371,4 +372,4 @@ def stop_keeping_progress(run: Run, tlog: TrainLog, first_step: int, error: Exce
 
 
 if __name__ == "__main__":
-    sys.exit(main(command=COMMAND_LINE, early=EARLY_SIGNALS))
+    exit_process(main(command=COMMAND_LINE, early=EARLY_SIGNALS))
