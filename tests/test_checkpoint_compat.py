@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.demo_runs import final_state, small_corpus_flags, train_here
@@ -34,6 +35,27 @@ def test_format_1_is_read_through_the_schema():
     assert (old.text_tokens, old.base_text_tokens) == (160, 160)
     assert old.settings["effective_batch"] == 4 and old.run_id == ""
     assert schema.parse(old.to_file(), FIXTURE / "rewritten").format_version == schema.VERSION
+
+
+def test_a_checkpoint_without_the_open_log_interval_resumes_with_an_empty_one(caplog):
+    """Files written before progress.interval was saved (all formats before it) load with an empty
+    interval, said in one line; a malformed interval is refused by the schema, naming the field."""
+    from trainers.training.progress import TrainingProgress
+
+    old = schema.read(FIXTURE / "model_step4.pth")
+    assert old.open_log_interval is None
+    progress = TrainingProgress()
+    progress.interval.steps = 3  # whatever was there before is dropped
+    with caplog.at_level("INFO", logger="train"):
+        progress.load_state_dict(old.section("progress"))
+    assert progress.interval.steps == 0 and progress.interval.metrics.sums is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "the checkpoint of step 4 holds no open log interval (written by an earlier version): the first train "
+        "metrics logged after this resume average only the steps from 5 on"]
+    content = old.to_file()
+    content["progress"]["interval"] = {"sums": "0,0", "steps": 1, "seconds": 0.0, "lr": 0.0, "grad_norm": 0}
+    with pytest.raises(schema.SchemaError, match="progress.interval.sums has type str"):
+        schema.parse(content, FIXTURE / "edited", verify=False)
 
 
 def test_a_format_1_checkpoint_resumes_bit_identically(tmp_path):
@@ -62,6 +84,7 @@ def assert_resumed_to_step_8(resumed, run: Path) -> None:
     assert "resuming from" in resumed.stderr and "(step 4," in resumed.stderr
     assert "not verified: written before checksums existed (format 1)" in resumed.stderr
     assert "changes the result" not in resumed.stderr  # fingerprints and settings match the saved run
+    assert "holds no open log interval (written by an earlier version)" in resumed.stderr
     new, old = final_state(run), schema.read(FIXTURE / "model_step8.pth")
     assert new.step == old.step == 8 and (new.epoch, new.step_in_epoch) == (old.epoch, old.step_in_epoch)
     assert new.model.keys() == old.model.keys()

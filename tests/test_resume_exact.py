@@ -20,9 +20,10 @@ import torch
 from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train, train_here
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
+# Log interval 10: most resumes below land mid-interval, and the logged history must match too.
 COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "6",
           "--val-interval", "0", "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1",
-          "--keep-checkpoints", "2", "--log-interval", "100"]
+          "--keep-checkpoints", "2", "--log-interval", "10"]
 
 
 def assert_same_training(a: Path, b: Path) -> None:
@@ -34,6 +35,15 @@ def assert_same_training(a: Path, b: Path) -> None:
         assert torch.equal(sa.model[key], sb.model[key]), f"model tensor {key} differs"
     _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
     assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
+    assert logged_metrics(sa.history) == logged_metrics(sb.history)
+    assert train_scalars(a) == train_scalars(b)
+
+
+def logged_metrics(history: list[dict]) -> list[dict]:
+    """The history's train and validation entries: exactly equal after a resume (start/resume events aside)."""
+    entries = [e for e in history if e["kind"] not in ("start", "resume")]
+    assert any(e["kind"] == "train" for e in entries)
+    return entries
 
 
 def _assert_equal_nested(x: object, y: object, where: str) -> None:
@@ -49,6 +59,16 @@ def _assert_equal_nested(x: object, y: object, where: str) -> None:
             _assert_equal_nested(u, v, f"{where}[{i}]")
     else:
         assert x == y, f"{where}: {x!r} != {y!r}"
+
+
+def train_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard's per-step train scalars as a reader sees them (a resume purges a killed run's later steps)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag.startswith("train/") and tag != "train/samples_per_second"}  # a rate of wall time
 
 
 @pytest.fixture(scope="module")
@@ -207,11 +227,11 @@ def test_ctrl_c_to_the_process_group_with_data_workers(demo_assets, reference, t
     """A terminal's Ctrl-C reaches the workers too; the main process alone must handle it."""
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *COMMON,
-                             "--num-workers", "2", "--log-interval", "5"],
+                             "--num-workers", "2"],
                             cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
     assert proc.stderr is not None
     for line in proc.stderr:
-        if " step 5/" in line:
+        if " step 10/" in line:  # the first log line (--log-interval 10)
             break
     os.killpg(proc.pid, signal.SIGINT)
     rest = proc.stderr.read()
@@ -343,3 +363,32 @@ def test_resume_auto_with_a_misspelt_output_dir_warns_and_names_the_run_beside_i
     assert started.returncode == 0, started.stderr  # starting fresh stays possible: cloud scripts always pass auto
     assert f"WARNING --resume auto: {typo} does not exist, so a NEW run starts there at step 0" in started.stderr
     assert f"similar names: {reference} (newest checkpoint latest.pth)" in started.stderr
+
+
+def test_an_event_file_opened_in_the_same_second_as_the_previous_ones_is_read_after_them(tmp_path):
+    """A resume right after an invocation killed within a second of opening its event file: TensorBoard
+    reads files in name order (creation second, host, pid), so the new file must not sort first, or the
+    killed invocation's purge event would hide every step the resume writes."""
+    import time
+
+    from trainers.training.train_log import StepMetrics, TrainLog
+
+    def write(start_step: int, steps: range) -> Path:
+        tlog = TrainLog(tmp_path, start_step)
+        for step in steps:
+            metrics = StepMetrics()
+            metrics.add({k: torch.tensor(float(step + start_step)) for k in
+                         ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct")}, 1)
+            tlog.train_step(step, metrics, 1e-3, 1.0, 0.1)
+        tlog.write_steps()
+        tlog.close()
+        return max((tmp_path / "logs").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+
+    killed = write(0, range(1, 6))
+    if time.time() % 1 > 0.5:  # the resume below opens its file well within the second named here
+        time.sleep(1 - time.time() % 1)
+    parts = killed.name.split(".")
+    parts[3], parts[5] = str(int(time.time())), "99999999"  # this second, a pid that sorts after any
+    killed.rename(killed.with_name(".".join(parts)))
+    write(2, range(3, 5))  # resumed from step 2: steps 3-4 replace the killed run's 3-5
+    assert [step for step, _ in train_scalars(tmp_path)["train/mel_loss"]] == [1, 2, 3, 4]

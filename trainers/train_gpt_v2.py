@@ -55,6 +55,7 @@ from trainers.training.distributed import World  # noqa: E402
 from trainers.training.rank_zero import QuietLog  # noqa: E402
 from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
 from trainers.training.faults import Faults  # noqa: E402
+from trainers.training.process_exit import exit_process  # noqa: E402
 from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402
 from trainers.training.optimization import StepResult  # noqa: E402
 from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
@@ -123,9 +124,11 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     run.checkpoints.files.on_event = faults.kill.on_checkpoint_event
     cfg = run.cfg.train
     # Under torchrun rank 0 alone writes the log, TensorBoard and sample_ids.tsv (each step's ids, of every process).
+    # It adds to the run's history and open log interval, which the checkpoints save (rank 0's under torchrun).
     tlog = (TrainLog if run.world.is_main else QuietLog)(run.cfg.run_dir, run.progress.step,
                                                          history=run.progress.history,
-                                                         record_sample_ids=cfg.log_sample_ids)
+                                                         record_sample_ids=cfg.log_sample_ids,
+                                                         interval=run.progress.interval)
     if run.progress.step >= run.total_steps:
         log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
                  run.progress.step)
@@ -400,4 +403,4 @@ def stop_keeping_progress(run: Run, tlog: TrainLog, first_step: int, error: Exce
 
 
 if __name__ == "__main__":
-    sys.exit(main(command=COMMAND_LINE, early=EARLY_SIGNALS))
+    exit_process(main(command=COMMAND_LINE, early=EARLY_SIGNALS))

@@ -8,7 +8,7 @@ primitives only), made of sections, each the `state_dict()` of the component tha
               the file as it is (it takes the "model" key as the state dict)
     optim     AdamW state, the parameter names/shapes it covers, LR schedule, loss scaler, frozen rows
     data      where the data order stands: epoch, step and samples into it, the order's batch
-    progress  optimizer steps done, samples seen, the metrics history
+    progress  optimizer steps done, samples seen, the metrics history, the open log interval's sums
     rng       process RNG states
     run       what defines the run: identity, settings, model config, fingerprints, vocabulary, versions
     hardware  how the last steps ran: machine, micro-batch, AMP dtype (informational)
@@ -51,6 +51,16 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "run": {"run_id": _STR, "config": _DICT, "model_config": _DICT, "fingerprints": _DICT, "vocab": _DICT,
             "versions": _DICT},
     "hardware": {"machine": _STR, "micro_batch": _INT, "amp_dtype": _STR, "tf32": (bool,)},
+}
+# Fields added to a section after its format was introduced: files written before lack them (their owner's
+# load_state_dict says what it does instead); checked like the required ones where present.
+_NUMBER = (float, int)
+OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "progress": {"interval": _DICT},  # the open log interval (trainers/training/train_log.py LogInterval)
+}
+# Nested fields checked where their field is present.
+NESTED_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "progress.interval": {"sums": _LIST, "steps": _INT, "seconds": _NUMBER, "lr": _NUMBER, "grad_norm": _NUMBER},
 }
 SECTIONS = ("model", *FIELDS)
 
@@ -136,14 +146,24 @@ def _problems(sections: Mapping[str, Any]) -> list[str]:
         if not isinstance(section, dict):
             problems.append(f"section {name!r} is missing")
             continue
-        for key, types in spec.items():
-            if key not in section:
-                problems.append(f"{name}.{key} is missing")
-            elif not isinstance(section[key], types) or (types == _INT and isinstance(section[key], bool)):
-                problems.append(f"{name}.{key} has type {type(section[key]).__name__}")
+        problems += _field_problems(name, section, spec, required=True)
+        problems += _field_problems(name, section, OPTIONAL_FIELDS.get(name, {}), required=False)
     optimizer = (sections.get("optim") or {}).get("optimizer")
     if isinstance(optimizer, dict) and not {"state", "param_groups"} <= optimizer.keys():
         problems.append("optim.optimizer is not a torch optimizer state dict")
+    return problems
+
+
+def _field_problems(where: str, values: dict[str, Any], spec: dict[str, tuple[type, ...]], required: bool) -> list[str]:
+    problems = []
+    for key, types in spec.items():
+        if key not in values:
+            if required:
+                problems.append(f"{where}.{key} is missing")
+        elif not isinstance(values[key], types) or (types in (_INT, _NUMBER) and isinstance(values[key], bool)):
+            problems.append(f"{where}.{key} has type {type(values[key]).__name__}")
+        elif f"{where}.{key}" in NESTED_FIELDS:
+            problems += _field_problems(f"{where}.{key}", values[key], NESTED_FIELDS[f"{where}.{key}"], required=True)
     return problems
 
 
@@ -242,6 +262,11 @@ class Checkpoint:
     @property
     def history(self) -> list[dict[str, Any]]:
         return list(self.sections["progress"]["history"])
+
+    @property
+    def open_log_interval(self) -> dict[str, Any] | None:
+        """The open log interval's sums and step count (None in files written before it was saved)."""
+        return self.sections["progress"].get("interval")
 
     @property
     def epoch(self) -> int:

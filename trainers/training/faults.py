@@ -7,6 +7,8 @@ Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
   save:STEP:EVENT     during the checkpoint save of STEP, at a checkpoint file event
                       (tmp_written, renamed or linked)
   validation:STEP     when the validation after STEP optimizer steps begins
+  exit                at interpreter shutdown (an atexit handler), where gloo's threads can abort a
+                      process that lost a torchrun peer: e.g. rank0/SIGABRT@exit. Subprocesses only
 each optionally prefixed with a signal name, e.g. SIGTERM@micro:7:1 (default SIGKILL). SIGKILL is
 real: nothing gets to clean up, as when a cloud machine is preempted.
 
@@ -30,6 +32,7 @@ Out-of-memory errors are injected the same way, so the recovery path runs on a C
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -67,7 +70,10 @@ class KillPoint:
                                  "without torchrun that would be the caller's own")
             name, _, point = spec.removeprefix(MACHINE).rpartition("@")
             points.append((point, signal.Signals[name].value if name else signal.SIGKILL, machine))
-        return cls(tuple(points), os.getppid() if any(m for _, _, m in points) else None)
+        kill = cls(tuple(points), os.getppid() if any(m for _, _, m in points) else None)
+        if kill.armed("exit"):
+            atexit.register(kill.check, "exit")
+        return kill
 
     def armed(self, *parts: object) -> bool:
         here = ":".join(str(p) for p in parts)

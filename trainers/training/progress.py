@@ -1,11 +1,15 @@
 """How far training has come: the "progress" section of a checkpoint."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainers.training.train_log import LogInterval
+
+log = logging.getLogger("train")
 
 HIGHER_IS_BETTER = {"mel_top1"}  # every other --best-metric is a loss
 
@@ -20,6 +24,9 @@ class TrainingProgress:
     history: list[dict[str, Any]] = field(default_factory=list)
     # The best validation so far, whose checkpoint is best.pth: {"metric", "value", "step"}.
     best: dict[str, Any] | None = None
+    # The steps after the last "train" entry, summed (the run's TrainLog adds to it): saved, so the entry a
+    # resumed run logs at the end of the interval covers the steps before the interruption too.
+    interval: LogInterval = field(default_factory=LogInterval)
 
     def improves(self, metric: str, means: dict[str, float]) -> bool:
         """Whether this validation beats the best one (a best of another metric is compared no more)."""
@@ -39,10 +46,17 @@ class TrainingProgress:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "samples_seen": self.samples_seen, "history": list(self.history),
-                "best": dict(self.best) if self.best else None}
+                "best": dict(self.best) if self.best else None, "interval": self.interval.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.samples_seen = int(state["samples_seen"])
         self.history = list(state["history"])
         self.best = state.get("best")  # absent in files written before best.pth existed
+        if state.get("interval") is not None:
+            self.interval.load_state_dict(state["interval"])
+        else:
+            self.interval.clear()
+            log.info("the checkpoint of step %d holds no open log interval (written by an earlier version): the "
+                     "first train metrics logged after this resume average only the steps from %d on", self.step,
+                     self.step + 1)

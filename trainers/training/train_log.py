@@ -5,6 +5,7 @@ import functools
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -86,6 +87,41 @@ class StepMetrics:
         }
 
 
+@dataclass
+class LogInterval:
+    """The open log interval: the steps since the last "train" entry of the history, summed.
+
+    Owned by TrainingProgress and saved with it, so a run resumed mid-interval logs the entry the
+    uninterrupted run logs (the sums are float64 and travel as plain floats: bit-exact). Under
+    torchrun rank 0 alone adds to it, the steps' metrics over all processes: what it logs and saves.
+    """
+
+    metrics: StepMetrics = field(default_factory=StepMetrics)
+    steps: int = 0
+    seconds: float = 0.0  # wall time of the steps, for samples/s
+    lr: float = 0.0  # of the interval's last step: the values its log line shows
+    grad_norm: float = 0.0
+
+    def add(self, metrics: StepMetrics, lr: float, grad_norm: float, seconds: float) -> None:
+        self.metrics.merge(metrics)  # on the device: no synchronisation
+        self.steps += 1
+        self.seconds += seconds
+        self.lr, self.grad_norm = lr, grad_norm
+
+    def clear(self) -> None:
+        """In place: TrainLog and TrainingProgress hold the same object."""
+        self.metrics, self.steps, self.seconds = StepMetrics(), 0, 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sums": self.metrics.as_list(), "steps": self.steps, "seconds": float(self.seconds),
+                "lr": float(self.lr), "grad_norm": float(self.grad_norm)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.metrics = StepMetrics.from_list(list(state["sums"])) if state["steps"] else StepMetrics()
+        self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
+        self.lr, self.grad_norm = float(state["lr"]), float(state["grad_norm"])
+
+
 def _io_errors_stop_the_run(method: Callable) -> Callable:
     """A failed log write (full disk, file-size limit) ends the run cleanly (exit 4) instead of a traceback.
     TensorBoard writes in a thread and re-raises the thread's error at the next call, so it lands here too."""
@@ -126,24 +162,26 @@ class TrainLog:
     start_step: int
     history: list[dict[str, Any]] = field(default_factory=list)
     record_sample_ids: bool = False
+    interval: LogInterval = field(default_factory=LogInterval)  # the run's (TrainingProgress): added to in place
 
     @_io_errors_stop_the_run
     def __post_init__(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # purge_step drops events a killed run wrote after the checkpoint we resume from.
+        _after_the_newest_event_file(self.run_dir / "logs")
         self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=self.start_step + 1)
         self._quiet = _QuietTensorBoardThread()
         self.sample_ids_path = self.run_dir / "sample_ids.tsv"
         if self.record_sample_ids:
             _truncate_sample_ids(self.sample_ids_path, self.start_step)
         self._pending: list[tuple[int, StepMetrics, float, float, float]] = []  # steps not yet in TensorBoard
-        self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
-        self._last = (0.0, 0.0)
 
     def train_step(self, step: int, metrics: StepMetrics, lr: float, grad_norm: float, seconds: float) -> None:
-        """Keep a step's metrics (on the device) until they are written: no synchronisation per step."""
+        """Keep a step's metrics (on the device) until they are written: no synchronisation per step.
+        The interval has every step done at once, so any checkpoint saves the whole open interval."""
         self._pending.append((step, metrics, lr, grad_norm, seconds))
+        self.interval.add(metrics, lr, grad_norm, seconds)
 
     @_io_errors_stop_the_run
     def write_steps(self) -> None:
@@ -154,10 +192,6 @@ class TrainLog:
             self.writer.add_scalar("train/lr", lr, at)
             self.writer.add_scalar("train/grad_norm", grad_norm, at)
             self.writer.add_scalar("train/samples_per_second", metrics.samples / max(seconds, 1e-9), at)
-            self._interval.merge(metrics)
-            self._interval_steps += 1
-            self._interval_seconds += seconds
-            self._last = (lr, grad_norm)
         self._pending = []
         self.writer.flush()
 
@@ -165,17 +199,18 @@ class TrainLog:
     def flush_interval(self, step: int, epoch: int, total_steps: int) -> dict[str, float] | None:
         """Write the kept steps and the interval's log line; returns the interval's means."""
         self.write_steps()
-        if not self._interval_steps:
+        interval = self.interval
+        if not interval.steps:
             return None
-        means = self._interval.means()
-        lr, grad_norm = self._last
-        rate = self._interval.samples / max(self._interval_seconds, 1e-9)
+        means = interval.metrics.means()
+        lr, grad_norm = interval.lr, interval.grad_norm
+        rate = interval.metrics.samples / max(interval.seconds, 1e-9)
         log.info(
             "step %d/%d epoch %d text_loss %.4f mel_loss %.4f mel_top1 %.4f lr %.3e grad_norm %.3f samples/s %.1f",
             step, total_steps, epoch, means["text_loss"], means["mel_loss"], means["mel_top1"], lr, grad_norm, rate,
         )
         self.history.append({"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "grad_norm": grad_norm})
-        self._interval, self._interval_steps, self._interval_seconds = StepMetrics(), 0, 0.0
+        interval.clear()
         return means
 
     @_io_errors_stop_the_run
@@ -221,6 +256,18 @@ class TrainLog:
             log.debug("closing the TensorBoard writer: %s", exc)
         finally:
             self._quiet.restore()
+
+
+def _after_the_newest_event_file(logs: Path) -> None:
+    """TensorBoard reads a run's event files in name order, and a name starts with its creation second
+    (then host and pid): a file created in the same second as the previous invocation's (one that was
+    killed within a second of opening it) could sort before it, and that file's purge would then hide
+    every step written after the resume. Waiting for the next second (at most 1 s) keeps the order."""
+    seconds = [int(p.name.split(".")[3]) for p in logs.glob("events.out.tfevents.*")
+               if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()]
+    wait = max(seconds, default=0) + 1 - time.time()
+    if 0 < wait <= 1:  # more: a file from the future (the clock was set back), which waiting would not fix
+        time.sleep(wait)
 
 
 def _truncate_sample_ids(path: Path, keep_up_to_step: int) -> None:

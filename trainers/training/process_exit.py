@@ -1,0 +1,33 @@
+"""How the trainer process ends: with its status, and without tearing down a broken process group.
+
+After a peer of a torchrun job is lost, `World.close` leaves the process group as it is (destroying
+it, or any collective, would talk to the dead peer). Python's own shutdown would then tear down
+gloo's threads and the futures of DDP's communication hook, whose callbacks need the interpreter
+being finalised: at times the process dies there of std::terminate ("terminate called without an
+active exception", or an uncaught gloo::IoException) with SIGABRT (-6) instead of its documented
+status (seen now and then when a worker was SIGKILLed at a random moment of training).
+Everything the user needs is closed before this point (the checkpoint writer, TensorBoard, the
+log files, the run directory's lock, the data workers), so such a process skips that shutdown.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import NoReturn
+
+
+def exit_process(status: int) -> NoReturn:
+    """sys.exit(status); os._exit(status), after flushing the log streams, when a process group was
+    left behind broken (the only way one is still initialised when the trainer's main() returns)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        logging.shutdown()  # flushes every handler
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
+                pass
+        os._exit(status)
+    sys.exit(status)
