@@ -51,15 +51,20 @@ def test_a_forked_child_does_not_keep_the_run_locked(tmp_path):
     """Data-loader workers are forked with the trainer's descriptors; a worker outliving its trainer
     must not hold the run directory."""
     lock = RunLock(tmp_path / "run").acquire()
+    ready, forked = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - the child only waits
+        os.write(forked, b"1")  # os.fork() has returned here: the at-fork hooks have run
         time.sleep(3)
         os._exit(0)
+    os.close(forked)
     try:
+        assert os.read(ready, 1) == b"1"
         with pytest.raises(UserError, match="another trainer is using"):
             RunLock(tmp_path / "run").acquire()
         lock.release()  # the trainer ends; its forked child still runs
         RunLock(tmp_path / "run").acquire().release()
     finally:
+        os.close(ready)
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)

@@ -6,8 +6,11 @@ gloo's threads and the futures of DDP's communication hook, whose callbacks need
 being finalised: at times the process dies there of std::terminate ("terminate called without an
 active exception", or an uncaught gloo::IoException) with SIGABRT (-6) instead of its documented
 status (seen now and then when a worker was SIGKILLed at a random moment of training).
-Everything the user needs is closed before this point (the checkpoint writer, TensorBoard, the
-log files, the run directory's lock, the data workers), so such a process skips that shutdown.
+The same abort was seen after a clean stop too (a SIGTERM to one worker, both saved and returned
+143, one then died of "terminate called without an active exception" after destroy_process_group):
+a torchrun worker's shutdown is not safe either way. Everything the user needs is closed before
+this point (the checkpoint writer, TensorBoard, the log files, the run directory's lock, the data
+workers), so every torchrun worker skips that shutdown.
 """
 from __future__ import annotations
 
@@ -18,11 +21,12 @@ from typing import NoReturn
 
 
 def exit_process(status: int) -> NoReturn:
-    """sys.exit(status); os._exit(status), after flushing the log streams, when a process group was
-    left behind broken (the only way one is still initialised when the trainer's main() returns)."""
+    """sys.exit(status); os._exit(status), after flushing the log streams, in a torchrun worker (RANK and
+    WORLD_SIZE set) or wherever a process group is still initialised (left behind broken)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    torchrun_worker = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if torchrun_worker or (dist.is_available() and dist.is_initialized()):
         logging.shutdown()  # flushes every handler
         for stream in (sys.stdout, sys.stderr):
             try:
