@@ -38,6 +38,7 @@ from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
 
 CUDA_CONTEXT = GiB // 2  # the CUDA context and library handles: taken before the probe reads the free memory
 MEASURE_SHARE = 8  # measured at 1/8 of the long lengths, scaled up
+MAX_MICRO_BATCH = 4096  # where the search stops (a measurement of 0 bytes per sample would never end it)
 HOST_CORES = 8  # CPU cores assumed beside the GPU: 4 data-loader processes (half the cores, at most 4)
 # (name, memory as nvidia-smi reports it in MiB, compute capability)
 GPUS: tuple[tuple[str, int, tuple[int, int]], ...] = (
@@ -125,7 +126,7 @@ def gpu_row(name: str, mib: int, capability: tuple[int, int], measured: dict[str
         per_sample = act.per_sample(cfg.layers, seq, checkpointing, cfg.model_dim)
         fixed = trained + act.per_pass(cfg.layers)
         n = 0
-        while budget.allows(int(fixed + (n + 1) * per_sample)):
+        while n < MAX_MICRO_BATCH and budget.allows(int(fixed + (n + 1) * per_sample)):
             n += 1
         row[key] = n
     row["host_gib_pinned_saves"] = round(host_bytes_for_pinned_saves(hw) / GiB, 2)
@@ -164,5 +165,5 @@ def check(ctx: Context) -> Outcome:
                                  for key, act in measured.items()}
     figures["per_sample_gib_grad_checkpointing"] = {
         key: round(act.per_sample(cfg.layers, seq, True, cfg.model_dim) / GiB, 3) for key, act in measured.items()}
-    ok = all(row["micro_batch"] >= 1 for name, row in figures.items() if name in dict((g[0], 0) for g in GPUS))
+    ok = all(figures[name]["micro_batch"] >= 1 for name, _, _ in GPUS)
     return Outcome(ok, figures, "computed, not measured")

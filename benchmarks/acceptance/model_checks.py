@@ -1,7 +1,6 @@
 """Checks of the model's numbers on CUDA: the CUDA-only tests, dropout masks, losses in each precision."""
 from __future__ import annotations
 
-import copy
 import re
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -17,8 +16,8 @@ from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.sample_dropout import MASK_VERSIONS, SampleDropout, dropout_keys
 
 # Model losses (mean cross-entropy per target, text and mel), relative to fp32 on the same device:
-# fp32 on CUDA with TF32 off against fp32 on the CPU: only the order of float sums differs (1e-6 relative
-# is typical over 24 layers), so 1e-5 would catch a kernel computing something else.
+# fp32 on CUDA with TF32 off against fp32 on the CPU: the same arithmetic summed in another order, which moves
+# a mean over thousands of targets far less than 1e-5; a kernel computing something else moves it more.
 FP32_DEVICE_RTOL = 1e-5
 # The global gradient norm of the same pass: more sums than the loss, hence 10x looser.
 FP32_GRAD_NORM_RTOL = 1e-4
@@ -157,7 +156,8 @@ def _compare(figures: dict, name: str, got: dict, ref: dict, rtol: float, grad_r
     rel = {k: abs(got[k] - ref[k]) / abs(ref[k]) for k in got}
     figures[name] = {**{k: round(v, 5) for k, v in got.items()}, "rel_diff": max(rel["text"], rel["mel"]),
                      "grad_rel_diff": rel["grad_norm"]}
-    ok = all(torch.isfinite(torch.tensor(v)) for v in got.values()) and max(rel["text"], rel["mel"]) <= rtol
+    losses = (got["text"], got["mel"])  # the gradient norm is reported only: fp16's may overflow without a scaler
+    ok = all(torch.isfinite(torch.tensor(losses))) and max(rel["text"], rel["mel"]) <= rtol
     return ok and (grad_rtol is None or rel["grad_norm"] <= grad_rtol)
 
 
@@ -176,10 +176,10 @@ def _model(cfg) -> UnifiedVoiceGPT:
 
 def model_losses(ctx: Context) -> Outcome:
     """The official model: CUDA fp32 (TF32 off) against the CPU's fp32; CUDA bf16 and fp16 against CUDA fp32."""
-    model = _model(official_gpt())
-    figures: dict = {"fp32_cpu": _pass(model, "cpu", None)}
-    cuda = copy.deepcopy(model).cuda()
-    del model
+    cuda = _model(official_gpt())
+    figures: dict = {"fp32_cpu": _pass(cuda, "cpu", None)}
+    cuda.zero_grad(set_to_none=True)
+    cuda.cuda()  # the same weights, moved
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
