@@ -1,0 +1,204 @@
+"""Checks of the model's numbers on CUDA: the CUDA-only tests, dropout masks, losses in each precision."""
+from __future__ import annotations
+
+import re
+import sys
+import xml.etree.ElementTree as ElementTree
+from contextlib import nullcontext
+
+import torch
+
+from benchmarks.acceptance.context import Context, Job
+from benchmarks.acceptance.corpus import official_gpt
+from benchmarks.acceptance.runner import Outcome
+from tests.demo_runs import REPO, subprocess_env
+from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.model.sample_dropout import MASK_VERSIONS, SampleDropout, dropout_keys
+
+# Model losses (mean cross-entropy per target, text and mel), relative to fp32 on the same device:
+# fp32 on CUDA with TF32 off against fp32 on the CPU: the same arithmetic summed in another order, which moves
+# a mean over thousands of targets far less than 1e-5; a kernel computing something else moves it more.
+FP32_DEVICE_RTOL = 1e-5
+# The global gradient norm of the same pass: more sums than the loss, hence 10x looser.
+FP32_GRAD_NORM_RTOL = 1e-4
+# bf16 autocast keeps 8 significant bits in the matrix products; 2% bounds what that does to a loss.
+BF16_RTOL = 2e-2
+# fp16 keeps 11 bits, 8x bf16's precision, but overflows above 65504: 1% catches an overflow or bad scaling.
+FP16_RTOL = 1e-2
+HEAD_SCALE = 10.0  # see _model
+# A skipif on CUDA: the tests the CPU suite cannot run.
+CUDA_SKIP = re.compile(r"@pytest\.mark\.skipif\(\s*not torch\.cuda\.is_available\(\)[^\n]*\n(?:@[^\n]*\n)*"
+                       r"def (test_\w+)")
+
+
+# -- the CUDA-only tests ---------------------------------------------------------------------------------------
+
+
+def cuda_only_tests() -> list[str]:
+    """pytest ids of the tests marked to skip without CUDA."""
+    return [f"tests/{path.name}::{name}" for path in sorted((REPO / "tests").glob("test_*.py"))
+            for name in CUDA_SKIP.findall(path.read_text(encoding="utf-8"))]
+
+
+def _run_tests(ctx: Context, ids: list[str]) -> dict[str, tuple[str, str]]:
+    """{test id: (passed|skipped|failed, message)} from pytest's JUnit XML."""
+    xml = ctx.folder("cuda_tests.xml")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *ids]
+    done = ctx.run_one(Job(command, subprocess_env()))
+    if not xml.exists():
+        raise RuntimeError(f"pytest wrote no report (exit {done.returncode}): {done.tail()}")
+    results = {}
+    for case in ElementTree.parse(xml).getroot().iter("testcase"):
+        status, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = "skipped" if child.tag == "skipped" else "failed"
+                message = child.get("message", "")
+        results[f"{case.get('classname')}::{case.get('name')}"] = (status, message)
+    return results
+
+
+def cuda_tests(ctx: Context) -> Outcome:
+    ids = cuda_only_tests()
+    results = _run_tests(ctx, ids)
+    bad = {k: v for k, v in results.items() if v[0] != "passed"}
+    figures = {"tests": len(results), "passed": len(results) - len(bad)}
+    if not ids or len(results) < len(ids) or bad:
+        return Outcome(False, figures, f"not passed: {bad}" if bad else f"found {ids}, ran {list(results)}")
+    return Outcome(True, figures)
+
+
+def cuda_tests_cpu_side(ctx: Context) -> Outcome:
+    """The tests exist, are collected and skip for want of CUDA (nothing else)."""
+    ids = cuda_only_tests()
+    results = _run_tests(ctx, ids)
+    other = {k: v for k, v in results.items() if v[0] != "skipped" or "CUDA" not in v[1]}
+    ok = bool(ids) and len(results) >= len(ids) and not other
+    return Outcome(ok, {"tests": len(results)}, f"{len(results)} CUDA-only tests collected and skipped"
+                   if ok else f"expected {ids} to skip for want of CUDA, got {results}")
+
+
+# -- dropout masks ---------------------------------------------------------------------------------------------
+
+# (batch, positions, channels): a cell count that is odd (half a 32-bit word at the end), and one larger than
+# the CPU's chunk of 2^18 cells at the official width.
+MASK_SHAPES = ((3, 37, 63), (2, 411, 1280))
+MASK_SITES = (0, 1, 48)
+
+
+def _masked(device: str, version: str, shape: tuple[int, int, int], site: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ones through the dropout of `site` (kept cells 1 / (1 - p), dropped 0) and the keys, on the CPU."""
+    drop = _dropout(device, version, shape)
+    return drop(torch.ones(shape, device=device), site).cpu(), drop.keys.cpu()
+
+
+def _masked_whole_batch(shape: tuple[int, int, int], site: int) -> torch.Tensor:
+    """The same through the path a GPU takes (the batch's mask in one tensor, one fused multiply), on the CPU."""
+    drop, x = _dropout("cpu", "v2", shape), torch.ones(shape)
+    return torch.addcmul(x.new_zeros(()), x, drop.keep_mask(site, x.dtype), value=drop.scale)
+
+
+def _dropout(device: str, version: str, shape: tuple[int, int, int]) -> SampleDropout:
+    keys = dropout_keys(1234, 7, torch.tensor([5, 900, 70001][: shape[0]], device=device))
+    return SampleDropout(0.1, keys, shape[1], shape[2], torch.device(device), version)
+
+
+def dropout_masks(ctx: Context) -> Outcome:
+    """Every mask of v1 and v2 (and the keys they come from) is the same on CUDA as on the CPU."""
+    cells, differing = 0, {}
+    for version in MASK_VERSIONS:
+        for shape in MASK_SHAPES:
+            for site in MASK_SITES:
+                (cpu, cpu_keys), (cuda, cuda_keys) = (_masked(d, version, shape, site) for d in ("cpu", "cuda"))
+                cells += cpu.numel()
+                wrong = int((cpu != cuda).sum()) + int((cpu_keys != cuda_keys).sum())
+                if wrong:
+                    differing[f"{version} {shape} site {site}"] = wrong
+    return Outcome(not differing, {"cells_compared": cells, "differing": differing or 0})
+
+
+def dropout_masks_cpu_side(ctx: Context) -> Outcome:
+    """On the CPU, v2's chunked path gives the masks of the whole-batch path the GPU takes."""
+    cells, differing = 0, {}
+    for shape in MASK_SHAPES:
+        for site in MASK_SITES:
+            chunked, _ = _masked("cpu", "v2", shape, site)
+            whole = _masked_whole_batch(shape, site)
+            cells += chunked.numel()
+            if not torch.equal(chunked, whole):
+                differing[f"{shape} site {site}"] = int((chunked != whole).sum())
+    return Outcome(not differing, {"cells_compared": cells, "differing": differing or 0})
+
+
+# -- losses in each precision ----------------------------------------------------------------------------------
+
+
+def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None) -> dict[str, float]:
+    """Mean text and mel cross-entropy and the global gradient norm of one training pass (dropout on)."""
+    cfg, g = model.cfg, torch.Generator().manual_seed(3)
+    lens = ((120, 600), (80, 400))  # two samples of different lengths: padding and packing take part
+    text, codes = max(t for t, _ in lens), max(c for _, c in lens)
+    batch = (torch.randn(2, 32, cfg.model_dim, generator=g), torch.randn(2, cfg.model_dim, generator=g),
+             torch.randint(2, cfg.number_text_tokens, (2, text), generator=g), torch.tensor([t for t, _ in lens]),
+             torch.randint(0, cfg.start_mel_token, (2, codes), generator=g), torch.tensor([c for _, c in lens]))
+    batch = tuple(t.to(device) for t in batch)
+    model.zero_grad(set_to_none=True)
+    with torch.autocast(device, dtype=dtype) if dtype else nullcontext():
+        sums = model.loss_sums(*batch, dropout_keys=dropout_keys(1234, 0, torch.arange(2, device=device)))
+    (sums["text_ce"] + sums["mel_ce"]).backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
+    sums = {k: v.detach() for k, v in sums.items()}
+    return {"text": float(sums["text_ce"] / sums["text_tokens"]), "mel": float(sums["mel_ce"] / sums["mel_tokens"]),
+            "grad_norm": float(norm)}
+
+
+def _compare(figures: dict, name: str, got: dict, ref: dict, rtol: float, grad_rtol: float | None = None) -> bool:
+    rel = {k: abs(got[k] - ref[k]) / abs(ref[k]) for k in got}
+    figures[name] = {**{k: round(v, 5) for k, v in got.items()}, "rel_diff": max(rel["text"], rel["mel"]),
+                     "grad_rel_diff": rel["grad_norm"]}
+    losses = (got["text"], got["mel"])  # the gradient norm is reported only: fp16's may overflow without a scaler
+    ok = all(torch.isfinite(torch.tensor(losses))) and max(rel["text"], rel["mel"]) <= rtol
+    return ok and (grad_rtol is None or rel["grad_norm"] <= grad_rtol)
+
+
+def _model(cfg) -> UnifiedVoiceGPT:
+    """The trainer's initialisation, with the heads 10x larger: logits of a spread like a trained model's
+    (std about 7 instead of 0.7), so that the losses depend on what the products compute, not only on the
+    vocabulary's size (near-uniform logits give ln(vocabulary) whatever the precision)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = UnifiedVoiceGPT(cfg).train()
+    with torch.no_grad():
+        for head in (model.text_head, model.mel_head):
+            head.weight.mul_(HEAD_SCALE)
+    return model
+
+
+def model_losses(ctx: Context) -> Outcome:
+    """The official model: CUDA fp32 (TF32 off) against the CPU's fp32; CUDA bf16 and fp16 against CUDA fp32."""
+    cuda = _model(official_gpt())
+    figures: dict = {"fp32_cpu": _pass(cuda, "cpu", None)}
+    cuda.zero_grad(set_to_none=True)
+    cuda.cuda()  # the same weights, moved
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        ref = _pass(cuda, "cuda", None)
+        ok = _compare(figures, "fp32_cuda", ref, figures["fp32_cpu"], FP32_DEVICE_RTOL, FP32_GRAD_NORM_RTOL)
+        ok &= _compare(figures, "bf16_cuda", _pass(cuda, "cuda", torch.bfloat16), ref, BF16_RTOL)
+        ok &= _compare(figures, "fp16_cuda", _pass(cuda, "cuda", torch.float16), ref, FP16_RTOL)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        del cuda
+        torch.cuda.empty_cache()
+    return Outcome(ok, figures, f"tolerances: fp32 CPU/CUDA {FP32_DEVICE_RTOL}, bf16 {BF16_RTOL}, fp16 {FP16_RTOL}")
+
+
+def model_losses_cpu_side(ctx: Context) -> Outcome:
+    """The same comparisons on the CPU's autocast (bf16 and fp16 against fp32) with the official config at width 64
+    and 2 layers: fp16 is 52x slower than fp32 on this CPU at the official width."""
+    model = _model(official_gpt(model_dim=64, heads=4, layers=2))
+    figures: dict = {"fp32_cpu": _pass(model, "cpu", None)}
+    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16), figures["fp32_cpu"], BF16_RTOL)
+    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16), figures["fp32_cpu"], FP16_RTOL)
+    return Outcome(ok, figures)

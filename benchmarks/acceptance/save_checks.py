@@ -1,0 +1,112 @@
+"""A background save at the official size through the trainer's Checkpointer: the pinned host memory its
+snapshot buffers take, measured, and an in-place update of every tensor right after the snapshot, which
+must not reach the file (the snapshot's copies from the GPU are complete when the save call returns)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from benchmarks.acceptance.context import Context
+from benchmarks.acceptance.runner import Outcome
+from benchmarks.snapshot_host_memory import resident_bytes
+from benchmarks.verify_cost import Fixed, build_sections
+from trainers.checkpoint import schema
+from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.host_blocks import reserved_bytes
+from trainers.hardware.host_memory import GiB
+
+LOADER_WORKERS = 4  # what a GPU run's auto setting starts on 8+ cores: the save mode keeps room for them
+SAMPLES = 1024  # values compared per tensor (evenly spaced, first and last included)
+DRY_RUN_SCALE = 0.01  # the CPU side: 1% of the official size
+# Pinned blocks are powers of two (host_blocks.py), which the host allocator keeps unrounded: measured and
+# planned bytes should agree exactly; 1% leaves room for small pinned buffers torch takes by itself.
+PINNED_RTOL = 0.01
+
+
+def tensors(state: Any, path: tuple = ()) -> Iterator[tuple[tuple, torch.Tensor]]:
+    """(path, tensor) of every floating-point tensor of a nested state."""
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() and state.numel():
+            yield path, state
+    elif isinstance(state, dict):
+        for key, value in state.items():
+            yield from tensors(value, (*path, key))
+    elif isinstance(state, (list, tuple)):
+        for i, value in enumerate(state):
+            yield from tensors(value, (*path, i))
+
+
+def _samples(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    index = torch.linspace(0, flat.numel() - 1, min(SAMPLES, flat.numel()), device=flat.device).round().long()
+    return flat[index].cpu()
+
+
+def _host_allocated() -> int | None:
+    """Bytes of pinned host memory torch's host allocator holds (None where it keeps no statistics: no CUDA, or a
+    torch that names them otherwise; the resident memory's growth is reported beside it in every case)."""
+    stats = torch.cuda.host_memory_stats() if torch.cuda.is_available() else {}
+    return next((stats[k] for k in ("allocated_bytes.current", "reserved_bytes.current") if k in stats), None)
+
+
+def _save_and_update(ctx: Context, scale: float) -> dict:
+    """Reserve, save in the background, change every tensor in place at once, wait, and read the file back."""
+    device = torch.device(ctx.device)
+    sections, nbytes, count = build_sections(scale, device)
+    out = ctx.folder("background_save")
+    checkpointer = Checkpointer(out, keep=1, components={k: Fixed(v) for k, v in sections.items()}, background=True)
+    pinned_before, rss_before, t0 = _host_allocated(), resident_bytes(), time.perf_counter()
+    checkpointer.fit_to_host_memory(LOADER_WORKERS)  # reserves the snapshot buffers in a thread
+    checkpointer.writer.wait()
+    reserve_s = time.perf_counter() - t0
+    sizes = checkpointer.snapshot_sizes()
+    pinned_after = _host_allocated()
+    figures = {"state_gb": round(nbytes / 1e9, 2), "tensors": count, "background": checkpointer.writer.background,
+               "pinned_planned_gib": round(reserved_bytes([(n, True) for n, p in sizes if p]) / GiB, 3),
+               "reserved_planned_gib": round(reserved_bytes(sizes) / GiB, 3),
+               "pinned_measured_gib": round((pinned_after - pinned_before) / GiB, 3)
+               if pinned_after is not None and pinned_before is not None else None,
+               "rss_growth_gib": round((resident_bytes() - rss_before) / GiB, 2), "reserve_s": round(reserve_s, 1)}
+    before = {path: _samples(t) for path, t in tensors(sections)}
+    t1 = time.perf_counter()
+    checkpointer.save(1)
+    figures["loop_blocked_s"] = round(time.perf_counter() - t1, 2)
+    with torch.no_grad():
+        for _, t in tensors(sections):
+            t.add_(1.0)  # right after the snapshot, while the write is in flight
+    checkpointer.wait()
+    figures["write_s"] = round(time.perf_counter() - t1, 1)
+    checkpointer.close()
+    del sections
+    saved = schema.read(Path(out) / "latest.pth", mmap=True)
+    found = {p: t for p, t in tensors(dict(saved.sections)) if p in before}
+    changed = [".".join(map(str, p)) for p, t in found.items() if not torch.equal(_samples(t), before[p])]
+    missing = [".".join(map(str, p)) for p in before if p not in found]
+    figures.update(compared=len(found), reached_the_file=changed[:5] or 0, missing_from_the_file=missing[:5] or 0)
+    return figures
+
+
+def _unchanged(figures: dict) -> bool:
+    """Every tensor saved was found in the file with its values from before the update."""
+    return figures["reached_the_file"] == 0 and figures["missing_from_the_file"] == 0 and figures["compared"] > 0
+
+
+def background_save(ctx: Context) -> Outcome:
+    figures = _save_and_update(ctx, 1.0)
+    planned = figures["pinned_planned_gib"]
+    measured = figures["pinned_measured_gib"]
+    if measured is None:  # no allocator statistics: every reserved page is touched, so it is resident
+        measured, planned = figures["rss_growth_gib"], figures["reserved_planned_gib"]
+    ok = figures["background"] and planned > 0 and abs(measured - planned) <= PINNED_RTOL * planned
+    ok = ok and _unchanged(figures)
+    return Outcome(ok, figures, f"pinned bytes within {PINNED_RTOL:.0%} of the packed blocks planned; no update "
+                   "reached the file")
+
+
+def background_save_cpu_side(ctx: Context) -> Outcome:
+    """1% of the official size on the CPU (pageable buffers): the update must not reach the file here either."""
+    figures = _save_and_update(ctx, DRY_RUN_SCALE)
+    return Outcome(figures["background"] and _unchanged(figures), figures)
