@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
     run, world = None, World()
     try:
         stop.check()
-        world = World.from_env().start()  # under torchrun: join the other processes
+        world = World.from_env(timeout_s=cmd.dist_timeout).start(stop)  # under torchrun: join the other processes
         stop.check()
         run = setup_run(cmd, world)
         faults.kill.check("setup")
