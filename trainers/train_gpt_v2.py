@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
         log.error("%s; nothing was trained. %s", nondeterministic, NO_DETERMINISM_ADVICE)
         return EXIT_USAGE
     except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
+        if run is not None:  # rank 0's background write in flight ends first: it may be the newest checkpoint
+            finish_own_write(run)
         where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
             f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
         if run is not None and exc.exit_status == EXIT_OUT_OF_MEMORY:  # in the gradient sum: start smaller next time
@@ -249,14 +251,25 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                 else:
                     tlog.write_steps()  # the saved step's scalars are in TensorBoard before it is resumable
                     run.checkpoints.save(progress.step)
-            if stop.requested or faults.kill.armed("step", progress.step):
-                run.checkpoints.wait()  # "after step N and any checkpoint it saves"; a signal's save completes
+            if stopping:  # a signal's save is complete (under torchrun every process learns how it ended)
+                run.checkpoints.wait()
+            elif faults.kill.armed("step", progress.step):  # "after step N and any checkpoint it saves"
+                run.checkpoints.wait_own()
             faults.kill.check("step", progress.step)
             if stopping:
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s", progress.step,
                          run.cfg.run_dir)
                 return stop.exit_status
     return None
+
+
+def finish_own_write(run: Run) -> None:
+    """Before naming the newest checkpoint on the way out: this process's own checkpoint write, if one is
+    still going (rank 0's background write under torchrun), is finished; its failure is said, not raised."""
+    try:
+        run.checkpoints.wait_own()
+    except CheckpointWriteError as exc:
+        log.error("%s", exc)
 
 
 def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:

@@ -88,8 +88,9 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
         world.agree_to_start(run)
         world.attach(run)  # one split for all processes, DDP, rank 0 writes the checkpoints
         # Background saves only if their host copy fits; measured now that a resumed checkpoint's host copy is gone.
+        # Under torchrun the other processes of this machine start their loader processes too.
         workers = run.hw.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
-        run.checkpoints.fit_to_host_memory(workers)
+        run.checkpoints.fit_to_host_memory(workers * world.local_size, world.local_size)
     except BaseException:
         run.close()
         raise
@@ -161,10 +162,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
     background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
-    if world.distributed and background:
-        # Every process must learn whether rank 0's write worked before it goes on (see MainRankCheckpoints).
-        log.info("checkpoint saves are synchronous under torchrun: every process waits for rank 0's write")
-        background = False
+    # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
+    background = background and world.is_main
     return Run(cfg, weights, optim, data, *loaders, progress, hw,
                Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock,
                world)

@@ -295,7 +295,12 @@ class World:
         """
         if not self.distributed:
             return stop.requested
-        counts = self._reduce([float(stop.signum == s) for s in STOP_SIGNALS], None, "a step boundary")
+        failed = self._checkpoints.write_failed_step() if self._checkpoints is not None else None
+        counts = self._reduce([float(stop.signum == s) for s in STOP_SIGNALS] + [float(failed + 1 if failed is not None else 0)], None,
+                              "a step boundary")
+        failed_write = int(counts.pop())  # 1 + the step of a background write of rank 0 that failed, or 0
+        if failed_write:  # every process stops with exit 4, as one process does at its next save
+            self._checkpoints.raise_write_failure(failed_write - 1)
         if not any(counts):
             return False
         # The signal most processes received (ties: the lowest number), so all exit with one status.
