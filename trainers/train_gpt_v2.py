@@ -17,6 +17,7 @@ saving a checkpoint at the last optimizer-step boundary when training had starte
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,12 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainers.config.flags import CommandLine, parse_command_line  # noqa: E402
 
+from trainers.hardware.cuda_alloc import fragmentation_advice, use_expandable_segments  # noqa: E402  (no torch)
 from trainers.training.stop_signals import EarlySignals  # noqa: E402  (no torch: safe before the imports)
 
 if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
     # Until main() installs its handlers, a stop signal is noted and main() ends the start-up quietly.
     EARLY_SIGNALS = EarlySignals().install()
     COMMAND_LINE = parse_command_line()
+    use_expandable_segments(os.environ)  # before torch, whose CUDA allocator reads it (hardware/cuda_alloc.py)
 
 import logging  # noqa: E402
 import math  # noqa: E402
@@ -281,8 +284,8 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     new = run.hw.split
     log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
                 "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
-                "start there next time", step, old.micro_batch, error, new.micro_batch, new.accumulation, effective,
-                new.micro_batch)
+                "start there next time%s", step, old.micro_batch, error, new.micro_batch, new.accumulation,
+                effective, new.micro_batch, fragmentation_advice(os.environ))
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 

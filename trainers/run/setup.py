@@ -6,6 +6,7 @@ manifest or resume costs seconds and never touches an existing run directory's c
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
 from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
+from trainers.hardware.cuda_alloc import allocator_line
 from trainers.hardware.detect import Hardware, detect_hardware, pick_device
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
@@ -183,6 +185,8 @@ def log_summary(run: Run) -> None:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
     log.info("hardware: %s", hw.hardware.describe())
+    if hw.hardware.is_cuda:
+        log.info("%s", allocator_line(os.environ))
     if run.world.distributed:
         split = batch_summary(run.world, cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation)
         log.info("batch: %s (%s; process r takes samples r, r+%d, r+%d, ... of each step); %d steps per epoch, "
