@@ -130,3 +130,21 @@ def test_dist_timeout_is_a_flag_of_this_launch_checked_at_once(capsys):
         parse_command_line(["--dist-timeout", "0"])
     assert refused.value.code == 2
     assert "--dist-timeout: must be a finite number > 0 and <= 604800, got '0'" in capsys.readouterr().err
+
+
+def test_a_second_stop_signal_while_waiting_leaves_the_group_as_it_is():
+    """A second signal abandons the step at once (StopNow); with a sum possibly still running on NCCL, the
+    process group must not be destroyed on the way out (that would wait for it)."""
+    from trainers.training.stop_signals import StopNow
+
+    class SecondSignal:
+        @property
+        def requested(self):
+            raise StopNow(15)  # what the handler raises in the middle of the wait
+
+    groups = two_ranks(timeout_s=60)
+    world = world_waiting_on(groups[0], torch.ones(4), timeout_s=60, stop=SecondSignal())
+    with pytest.raises(StopNow):
+        world.sync_gradients()
+    assert world.broken
+    groups[1].allreduce([torch.ones(4)]).wait()

@@ -267,7 +267,7 @@ class World:
             raise DistributedFailure(lost_contact("summing the gradients", exc)) from None
         try:  # NCCL's sums are still running: wait here, within --dist-timeout (gloo's are done)
             await_works(self._pending.take(), "the gradient sum", self.timeout_s, self.stop)
-        except DistributedFailure:
+        except BaseException:  # also a second stop signal (StopNow): a sum may still be running, never destroy it
             self.broken = True
             raise
 
