@@ -34,7 +34,7 @@ def read_torchrun_env(env: dict[str, str], timeout_s: float | None = None) -> di
         rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
         local_rank = int(env.get("LOCAL_RANK", rank))
         local_size = int(env.get("LOCAL_WORLD_SIZE", size))
-        from_var = float(env.get(TIMEOUT_VAR, DEFAULT_TIMEOUT_S))
+        from_var = float(env.get(TIMEOUT_VAR, DEFAULT_TIMEOUT_S)) if timeout_s is None else timeout_s
     except ValueError as exc:
         raise UserError(f"torchrun's RANK / WORLD_SIZE / LOCAL_RANK or {TIMEOUT_VAR} is not a number: {exc}")
     if not (0 <= rank < size and 0 <= local_rank < local_size):
@@ -45,7 +45,7 @@ def read_torchrun_env(env: dict[str, str], timeout_s: float | None = None) -> di
                         f"most {MAX_TIMEOUT_S:g} seconds; unset it, or pass --dist-timeout SECONDS instead")
     source = "--dist-timeout" if timeout_s is not None else TIMEOUT_VAR if TIMEOUT_VAR in env else "the default"
     return {"rank": rank, "size": size, "local_rank": local_rank, "local_size": local_size,
-            "timeout_s": from_var if timeout_s is None else timeout_s, "timeout_source": source}
+            "timeout_s": from_var, "timeout_source": source}
 
 
 def delay_nccl_watchdog(seconds: float) -> str:
