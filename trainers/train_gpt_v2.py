@@ -12,8 +12,9 @@ trained), or --deterministic met an op with no deterministic kernel (it did not 
 before it are saved); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
 one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
 6 under torchrun: another process failed or gave no answer within --dist-timeout; 7 host memory
-(RAM) ran out for a checkpoint's copy (the previous checkpoint is intact); 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
-saving a checkpoint at the last optimizer-step boundary when training had started).
+(RAM) ran out for a checkpoint's copy (the previous checkpoint is intact); 129 / 130 / 143 stopped
+by SIGHUP / SIGINT / SIGTERM (after saving a checkpoint at the last optimizer-step boundary when
+training had started).
 """
 from __future__ import annotations
 
