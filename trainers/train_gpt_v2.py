@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
         return EXIT_USAGE
     except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
         if run is not None:  # rank 0's background write in flight ends first: it may be the newest checkpoint
-            finish_own_write(run)
+            run.checkpoints.finish_own_write()
         where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
             f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
         if run is not None and exc.exit_status == EXIT_OUT_OF_MEMORY:  # in the gradient sum: start smaller next time
@@ -265,15 +265,6 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                          run.cfg.run_dir)
                 return stop.exit_status
     return None
-
-
-def finish_own_write(run: Run) -> None:
-    """Before naming the newest checkpoint on the way out: this process's own checkpoint write, if one is
-    still going (rank 0's background write under torchrun), is finished; its failure is said, not raised."""
-    try:
-        run.checkpoints.wait_own()
-    except CheckpointWriteError as exc:
-        log.error("%s", exc)
 
 
 def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:

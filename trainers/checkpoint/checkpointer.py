@@ -68,6 +68,14 @@ class Checkpointer:
 
     wait_own = wait  # the same for one process; under torchrun MainRankCheckpoints tells them apart
 
+    def finish_own_write(self) -> None:
+        """On the way out after another error, before the newest checkpoint is named: the write in flight
+        (e.g. rank 0's background write when a torchrun peer was lost) ends first; its failure is logged."""
+        try:
+            self.wait()
+        except CheckpointWriteError as exc:
+            log.error("%s", exc)
+
     def write_failed_step(self) -> int | None:
         """The step of a background write that has already ended with an error, without waiting (None: none
         has, or one is still going). `wait()` then raises that error."""
