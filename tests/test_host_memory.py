@@ -271,3 +271,14 @@ def test_a_host_allocation_failure_while_stopping_on_another_error_exits_7(demo_
     assert result.returncode == 7, result.stderr
     assert "out of memory in step 3 even with a batch of 1" in result.stderr
     assert "not enough host memory (RAM) for the copy of the checkpoint of step 2" in result.stderr
+
+
+def test_under_torchrun_the_other_processes_of_the_machine_are_counted_before_rank_0_keeps_a_copy():
+    """Rank 0 alone keeps the copy, but 8 processes on one machine each load torch's CUDA libraries and start
+    their loader processes: a host with room for one trainer's copy has none beside 8 trainers."""
+    sizes = [(n, True) for n in _official_trained_sizes()]
+    host = HostMemory(16 * GiB, 64 * GiB, "MemAvailable")
+    assert choose_save_mode(sizes, host, 2).background
+    crowded = choose_save_mode(sizes, host, 2 * 8, trainers=8)
+    assert not crowded.background
+    assert "less 24.0 GiB kept for torch in 8 trainer processes and 16 data-loader process(es)" in crowded.message

@@ -11,12 +11,14 @@ Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory 
 trained), or --deterministic met an op with no deterministic kernel (it did not run; the steps
 before it are saved); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
 one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
-6 under torchrun: another process failed; 7 host memory (RAM) ran out for a checkpoint's copy (the
-previous checkpoint is intact); 129 / 130 / 143 stopped by SIGHUP / SIGINT / SIGTERM (after
-saving a checkpoint at the last optimizer-step boundary when training had started).
+6 under torchrun: another process failed or gave no answer within --dist-timeout; 7 host memory
+(RAM) ran out for a checkpoint's copy (the previous checkpoint is intact); 129 / 130 / 143 stopped
+by SIGHUP / SIGINT / SIGTERM (after saving a checkpoint at the last optimizer-step boundary when
+training had started).
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,12 +28,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainers.config.flags import CommandLine, parse_command_line  # noqa: E402
 
+from trainers.hardware.cuda_alloc import fragmentation_advice, use_expandable_segments  # noqa: E402  (no torch)
 from trainers.training.stop_signals import EarlySignals  # noqa: E402  (no torch: safe before the imports)
 
 if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
     # Until main() installs its handlers, a stop signal is noted and main() ends the start-up quietly.
     EARLY_SIGNALS = EarlySignals().install()
     COMMAND_LINE = parse_command_line()
+    use_expandable_segments(os.environ)  # before torch, whose CUDA allocator reads it (hardware/cuda_alloc.py)
 
 import logging  # noqa: E402
 import math  # noqa: E402
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
     run, world = None, World()
     try:
         stop.check()
-        world = World.from_env().start()  # under torchrun: join the other processes
+        world = World.from_env(timeout_s=cmd.dist_timeout).start(stop)  # under torchrun: join the other processes
         stop.check()
         run = setup_run(cmd, world)
         faults.kill.check("setup")
@@ -106,6 +110,8 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
         log.error("%s; nothing was trained. %s", nondeterministic, NO_DETERMINISM_ADVICE)
         return EXIT_USAGE
     except DistributedFailure as exc:  # torchrun: another process failed, or this one cannot go on with them
+        if run is not None:  # rank 0's background write in flight ends first: it may be the newest checkpoint
+            run.checkpoints.finish_own_write()
         where = f"; the newest complete checkpoint ({run.checkpoints.newest_name()}) stands: continue with " \
             f"--resume auto --output-dir {run.cfg.run_dir}" if run is not None else ""
         if run is not None and exc.exit_status == EXIT_OUT_OF_MEMORY:  # in the gradient sum: start smaller next time
@@ -249,8 +255,10 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                 else:
                     tlog.write_steps()  # the saved step's scalars are in TensorBoard before it is resumable
                     run.checkpoints.save(progress.step)
-            if stop.requested or faults.kill.armed("step", progress.step):
-                run.checkpoints.wait()  # "after step N and any checkpoint it saves"; a signal's save completes
+            if stopping:  # a signal's save is complete (under torchrun every process learns how it ended)
+                run.checkpoints.wait()
+            elif faults.kill.armed("step", progress.step):  # "after step N and any checkpoint it saves"
+                run.checkpoints.wait_own()
             faults.kill.check("step", progress.step)
             if stopping:
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s", progress.step,
@@ -268,8 +276,8 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     new = run.hw.split
     log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
                 "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
-                "start there next time", step, old.micro_batch, error, new.micro_batch, new.accumulation, effective,
-                new.micro_batch)
+                "start there next time%s", step, old.micro_batch, error, new.micro_batch, new.accumulation,
+                effective, new.micro_batch, fragmentation_advice(os.environ))
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 

@@ -66,6 +66,21 @@ class Checkpointer:
         """Until the save in flight is complete (CheckpointWriteError if it failed)."""
         self._mapped(self.writer.wait)
 
+    wait_own = wait  # the same for one process; under torchrun MainRankCheckpoints tells them apart
+
+    def finish_own_write(self) -> None:
+        """On the way out after another error, before the newest checkpoint is named: the write in flight
+        (e.g. rank 0's background write when a torchrun peer was lost) ends first; its failure is logged."""
+        try:
+            self.wait()
+        except CheckpointWriteError as exc:
+            log.error("%s", exc)
+
+    def write_failed_step(self) -> int | None:
+        """The step of a background write that has already ended with an error, without waiting (None: none
+        has, or one is still going). `wait()` then raises that error."""
+        return self.writer.failed_write_step
+
     def close(self) -> None:
         self._mapped(self.writer.close)
 
@@ -105,15 +120,16 @@ class Checkpointer:
         to_come = optim.state_sizes_to_come() if hasattr(optim, "state_sizes_to_come") else []
         return sizes + [(n, device.type == "cuda" if pin is None else pin) for n, device in to_come]
 
-    def fit_to_host_memory(self, loader_workers: int) -> None:
+    def fit_to_host_memory(self, loader_workers: int, trainers: int = 1) -> None:
         """Background saves only when their host copy fits in the host memory available now (pinned only when
         that fits too), said in one line when it does not; then the snapshot buffers are reserved, off the
-        training thread. See trainers/checkpoint/save_mode.py."""
+        training thread. `trainers`: the trainer processes on this machine (torchrun's local world), with
+        `loader_workers` data-loader processes in all. See trainers/checkpoint/save_mode.py."""
         if not self.writer.background:
             return
         gc.collect()  # what start-up dropped (a resumed checkpoint's host copy) is given back before measuring
         sizes = self.snapshot_sizes()
-        mode = choose_save_mode(sizes, host_memory(), loader_workers)
+        mode = choose_save_mode(sizes, host_memory(), loader_workers, trainers)
         if mode.message:
             (log.warning if not mode.background else log.info)("%s", mode.message)
         self.writer.background = mode.background

@@ -14,6 +14,9 @@ less what the run still takes after start-up:
   validation loader keep theirs for the whole run): a forked interpreter with torch, the dataset's
   sample list and prefetched batches.
 
+Under torchrun rank 0 alone keeps the copy, but the other processes on its machine share the host:
+each of them is counted as one more trainer (HEADROOM_BYTES) with its own data-loader processes.
+
 Pinned when the packed pinned blocks fit, else pageable buffers when those fit, else synchronous
 saves, which need the copy only while they write.
 """
@@ -35,15 +38,18 @@ class SaveMode:
     message: str = ""  # why the mode differs from the one asked for; "" when it does not
 
 
-def choose_save_mode(sizes: list[tuple[int, bool]], host: HostMemory | None, loader_workers: int) -> SaveMode:
-    """The save mode for background saves of buffers of `sizes` (bytes, pinned); `host` None: unknown, kept."""
+def choose_save_mode(sizes: list[tuple[int, bool]], host: HostMemory | None, loader_workers: int,
+                     trainers: int = 1) -> SaveMode:
+    """The save mode for background saves of buffers of `sizes` (bytes, pinned); `host` None: unknown, kept.
+    `loader_workers`: those of every trainer process on this machine; `trainers`: how many (torchrun)."""
     pinned = any(p for _, p in sizes)
     if host is None:
         return SaveMode(True, pinned)
-    keep = HEADROOM_BYTES + loader_workers * WORKER_BYTES
+    keep = trainers * HEADROOM_BYTES + loader_workers * WORKER_BYTES
     room = host.available - keep
     copy = reserved_bytes([(n, False) for n, _ in sizes])
-    kept = (f"{host.describe()}, less {keep / GiB:.1f} GiB kept for torch and {loader_workers} data-loader "
+    kept = (f"{host.describe()}, less {keep / GiB:.1f} GiB kept for torch"
+            f"{f' in {trainers} trainer processes' if trainers > 1 else ''} and {loader_workers} data-loader "
             f"process(es)")
     if reserved_bytes(sizes) <= room:
         return SaveMode(True, pinned)

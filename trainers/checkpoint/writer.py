@@ -97,6 +97,14 @@ class CheckpointWriter:
         return self._thread is not None and self._thread.is_alive()
 
     @property
+    def failed_write_step(self) -> int | None:
+        """The step of a write that has ended with an error not yet raised to the caller; None while a
+        write is going or when none failed. Never waits (the training thread polls it at every step)."""
+        if self.busy:
+            return None
+        return self._error_step if self._error is not None else None
+
+    @property
     def buffer_bytes(self) -> int:
         return self._buffers.nbytes if self._buffers is not None else 0
 

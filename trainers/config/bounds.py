@@ -122,10 +122,12 @@ BOUNDS: dict[str, Bound] = {
 }
 
 
-# Flags of one invocation's plan, never saved as settings (the choice is saved in the LR schedule).
+# Flags of one invocation, never saved as settings (a re-warm's choice is saved in the LR schedule).
+# --dist-timeout: seconds a torchrun process waits for the others; more than a week is a typo.
 PLAN_BOUNDS: dict[str, Bound] = {
     "rewarm_lr": BOUNDS["learning_rate"],
     "rewarm_steps": _count(),
+    "dist_timeout": _finite(0.0, 7 * 86400.0, low_open=True),
 }
 
 

@@ -31,6 +31,7 @@ class CommandLine:
     data_roots: tuple[tuple[str, str], ...] = ()  # --data-root OLD=NEW, absolute (trainers/run/portable.py)
     additional_epochs: int = 0  # --additional-epochs N: N more epochs of data from where the run stands
     scale_lr: str | None = None  # --scale-lr linear|sqrt: the learning rate follows an effective-batch change
+    dist_timeout: float | None = None  # --dist-timeout SECONDS: under torchrun, the wait for the other processes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +146,9 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     rt.add_argument("--background-saves", action=argparse.BooleanOptionalAction,
                     help="write checkpoints in a background thread: the loop waits only for a copy of the state in "
                          "host memory (which costs as much host memory as the state) [on with CUDA, off on CPU]")
+    _plan_num(rt, "--dist-timeout", "SECONDS", "under torchrun: how long a process waits for the others in a "
+              "collective before it stops with exit 6 (this launch only; the variable INDEXTTS_DDP_TIMEOUT_S "
+              "sets it when the flag is not given)", "1800")
     rt.add_argument("--best-metric", choices=("mel_loss", "text_loss", "mel_top1"),
                     help=f"validation metric whose best value is kept as OUTPUT_DIR/best.pth [{d.best_metric}]")
     rt.add_argument("--log-sample-ids", action="store_true",
@@ -221,6 +225,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
                      "continuations of the learning rate: pass one of them")
     data_roots = tuple(ns.pop("data_roots", ()))
     additional, scale_lr = ns.pop("additional_epochs", 0), ns.pop("scale_lr", None)
+    dist_timeout = ns.pop("dist_timeout", None)
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
@@ -230,7 +235,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
                        reconfigure_scheduler=reconfigure, rewarm=rewarm, rewarm_lr=rewarm_lr,
                        rewarm_steps=rewarm_steps, data_roots=data_roots, additional_epochs=additional,
-                       scale_lr=scale_lr)
+                       scale_lr=scale_lr, dist_timeout=dist_timeout)
 
 
 def _absolute_spec(spec: str) -> str:

@@ -6,6 +6,7 @@ manifest or resume costs seconds and never touches an existing run directory's c
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from trainers.config.flags import CommandLine
 from trainers.data.loader import StepLoader
 from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
+from trainers.hardware.cuda_alloc import allocator_line
 from trainers.hardware.detect import Hardware, detect_hardware, pick_device
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
@@ -33,7 +35,8 @@ from trainers.run.run_dir import (
 )
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
-from trainers.training.distributed import World, batch_summary
+from trainers.training.distributed import World
+from trainers.training.torchrun_env import batch_summary
 from trainers.training.rank_zero import NoLock
 from trainers.training.progress import TrainingProgress
 from trainers.training.rng import ProcessRNG
@@ -88,8 +91,9 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
         world.agree_to_start(run)
         world.attach(run)  # one split for all processes, DDP, rank 0 writes the checkpoints
         # Background saves only if their host copy fits; measured now that a resumed checkpoint's host copy is gone.
+        # Under torchrun the other processes of this machine start their loader processes too.
         workers = run.hw.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
-        run.checkpoints.fit_to_host_memory(workers)
+        run.checkpoints.fit_to_host_memory(workers * world.local_size, world.local_size)
     except BaseException:
         run.close()
         raise
@@ -161,10 +165,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
     background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
-    if world.distributed and background:
-        # Every process must learn whether rank 0's write worked before it goes on (see MainRankCheckpoints).
-        log.info("checkpoint saves are synchronous under torchrun: every process waits for rank 0's write")
-        background = False
+    # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
+    background = background and world.is_main
     return Run(cfg, weights, optim, data, *loaders, progress, hw,
                Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock,
                world)
@@ -184,6 +186,8 @@ def log_summary(run: Run) -> None:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
     log.info("hardware: %s", hw.hardware.describe())
+    if hw.hardware.is_cuda:
+        log.info("%s", allocator_line(os.environ))
     if run.world.distributed:
         split = batch_summary(run.world, cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation)
         log.info("batch: %s (%s; process r takes samples r, r+%d, r+%d, ... of each step); %d steps per epoch, "

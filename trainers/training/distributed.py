@@ -25,8 +25,13 @@ How N processes make the single-process step, whatever N and the micro-batch siz
   does a process whose micro-batch ran out of memory: nobody waits for anybody.
 * Agreements, each one small all-reduce on the CPU (gloo): after the gradients (out of memory or
   a bad sample anywhere, and the step's loss sums and token counts, for the log); at every step
-  boundary (a stop signal reached any process); after every checkpoint save (rank 0 writes, every
-  process waits for it and learns whether it worked); after each validation (its sums).
+  boundary (a stop signal reached any process, or rank 0's background write failed); at every
+  checkpoint save and before the last exit (rank 0's write: trainers/training/rank_zero.py);
+  after each validation (its sums).
+* Waiting. A collective that does not end within --dist-timeout seconds (INDEXTTS_DDP_TIMEOUT_S
+  without the flag; 1800 by default) or fails ends the process with exit 6: gloo raises in the
+  calling thread; NCCL's gradient sum, asynchronous to the host, is awaited from Python
+  (trainers/training/collective_wait.py) before NCCL's own watchdog would abort the process.
 
 Rank 0 alone holds the run directory's lock and writes anything into it: checkpoints, logs,
 TensorBoard, sample_ids.tsv, run_config.json, the micro-batch probe cache.
@@ -48,21 +53,16 @@ from trainers.data.features import FeatureError
 from trainers.errors import EXIT_OUT_OF_MEMORY, DistributedFailure, UserError
 from trainers.hardware.detect import split_for
 from trainers.hardware.oom_recovery import is_out_of_memory, oom_message
+from trainers.training.collective_wait import await_works, lost_contact
 from trainers.training.stop_signals import STOP_SIGNALS, StopRequest, ignore_stop_signals
 from trainers.training.gradient_sum import wrap_for_gradient_sum
 from trainers.training.rank_zero import MainRankCheckpoints
 from trainers.training.train_log import StepMetrics
+from trainers.training.torchrun_env import (
+    DEFAULT_TIMEOUT_S, NCCL_WATCHDOG_MARGIN_S, delay_nccl_watchdog, label_log_lines, read_torchrun_env,
+)
 
 log = logging.getLogger("train")
-
-# Every collective waits at most this long for the other processes; past it the process stops
-# (exit 6). It must exceed the longest time one process can legitimately wait for another: rank 0
-# writing a checkpoint while the others wait (minutes for multi-GB files on a slow disk).
-TIMEOUT_VAR = "INDEXTTS_DDP_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 1800
-
-
-
 
 @dataclass
 class World:
@@ -71,27 +71,20 @@ class World:
     local_rank: int = 0
     local_size: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_source: str = "the default"  # --dist-timeout, TIMEOUT_VAR or the default: named at start
     broken: bool = False  # a collective failed: the process group must not be used again
+    stop: StopRequest | None = field(default=None, repr=False)  # a signal while waiting for NCCL: see collective_wait
     _started: bool = field(default=False, repr=False)
     _ddp: Any = field(default=None, repr=False)
+    _pending: Any = field(default=None, repr=False)  # gradient_sum.PendingSums: the works of the gradient sum
+    _checkpoints: Any = field(default=None, repr=False)  # rank_zero.MainRankCheckpoints, once attached
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "World":
-        """The process's place in a torchrun job, or a single process when not started by torchrun."""
-        env = dict(os.environ if env is None else env)
-        if "RANK" not in env or "WORLD_SIZE" not in env:
-            return cls()
-        try:
-            rank, size = int(env["RANK"]), int(env["WORLD_SIZE"])
-            local_rank = int(env.get("LOCAL_RANK", rank))
-            local_size = int(env.get("LOCAL_WORLD_SIZE", size))
-            timeout = float(env.get(TIMEOUT_VAR, DEFAULT_TIMEOUT_S))
-        except ValueError as exc:
-            raise UserError(f"torchrun's RANK / WORLD_SIZE / LOCAL_RANK or {TIMEOUT_VAR} is not a number: {exc}")
-        if not (0 <= rank < size and 0 <= local_rank < local_size) or timeout <= 0:
-            raise UserError(f"inconsistent torchrun environment: RANK {rank}, WORLD_SIZE {size}, LOCAL_RANK "
-                            f"{local_rank}, LOCAL_WORLD_SIZE {local_size}, {TIMEOUT_VAR} {timeout}")
-        return cls(rank, size, local_rank, local_size, timeout)
+    def from_env(cls, env: dict[str, str] | None = None, timeout_s: float | None = None) -> "World":
+        """The process's place in a torchrun job, or a single process when not started by torchrun.
+        `timeout_s`: --dist-timeout, which wins over the environment variable."""
+        place = read_torchrun_env(dict(os.environ if env is None else env), timeout_s)
+        return cls(**place) if place else cls()
 
     @property
     def distributed(self) -> bool:
@@ -103,9 +96,10 @@ class World:
 
     # --- joining and leaving ----------------------------------------------------------------
 
-    def start(self) -> "World":
+    def start(self, stop: StopRequest | None = None) -> "World":
         """Join the other processes (torchrun's env:// rendezvous); control values travel on gloo,
         CUDA gradients on NCCL."""
+        self.stop = stop
         if not self.distributed:
             return self
         import torch.distributed as dist
@@ -113,10 +107,11 @@ class World:
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s))
         self._started = True
-        _label_log_lines(self.rank)
+        label_log_lines(self.rank)
+        watchdog = delay_nccl_watchdog(self.timeout_s + NCCL_WATCHDOG_MARGIN_S) if "nccl" in backend else ""
         log.info("world: %d processes (torchrun), this is rank %d (local rank %d of %d); backend %s; a process "
-                 "waits at most %g s for the others (%s)", self.size, self.rank, self.local_rank, self.local_size,
-                 backend, self.timeout_s, TIMEOUT_VAR)
+                 "waits at most %g s for the others (%s), then exits 6%s", self.size, self.rank, self.local_rank,
+                 self.local_size, backend, self.timeout_s, self.timeout_source, watchdog)
         return self
 
     def close(self) -> None:
@@ -245,8 +240,8 @@ class World:
             log.warning("%d processes for an effective batch of %d: processes %d to %d never get a sample and only "
                         "wait for the others; use at most %d processes", self.size, effective, effective,
                         self.size - 1, effective)
-        self._ddp = self._collective(lambda: wrap_for_gradient_sum(run.model, hw.device), "start-up")
-        run.checkpoints = MainRankCheckpoints(run.checkpoints, self, run.model)  # rank_zero.py
+        self._ddp, self._pending = self._collective(lambda: wrap_for_gradient_sum(run.model, hw.device), "start-up")
+        run.checkpoints = self._checkpoints = MainRankCheckpoints(run.checkpoints, self, run.model)  # rank_zero.py
 
     # --- a step -----------------------------------------------------------------------------
 
@@ -268,7 +263,12 @@ class World:
                     f"out of memory while summing the gradients of the processes ({oom_message(exc)}); this cannot "
                     "be redone with a smaller micro-batch, so every process stops. Free GPU memory or use "
                     "--grad-checkpointing", EXIT_OUT_OF_MEMORY) from None
-            raise DistributedFailure(_lost("summing the gradients", exc)) from None
+            raise DistributedFailure(lost_contact("summing the gradients", exc)) from None
+        try:  # NCCL's sums are still running: wait here, within --dist-timeout (gloo's are done)
+            await_works(self._pending.take(), "the gradient sum", self.timeout_s, self.stop)
+        except BaseException:  # also a second stop signal (StopNow): a sum may still be running, never destroy it
+            self.broken = True
+            raise
 
     def agree_on_step(self, oom: str | None, bad_sample: FeatureError | None,
                       metrics: StepMetrics) -> tuple[str | None, StepMetrics]:
@@ -294,7 +294,12 @@ class World:
         """
         if not self.distributed:
             return stop.requested
-        counts = self._reduce([float(stop.signum == s) for s in STOP_SIGNALS], None, "a step boundary")
+        failed = self._checkpoints.write_failed_step() if self._checkpoints is not None else None
+        counts = self._reduce([float(stop.signum == s) for s in STOP_SIGNALS] + [float(failed + 1 if failed is not None else 0)], None,
+                              "a step boundary")
+        failed_write = int(counts.pop())  # 1 + the step of a background write of rank 0 that failed, or 0
+        if failed_write:  # every process stops with exit 4, as one process does at its next save
+            self._checkpoints.raise_write_failure(failed_write - 1)
         if not any(counts):
             return False
         # The signal most processes received (ties: the lowest number), so all exit with one status.
@@ -334,32 +339,4 @@ class World:
             return call()
         except RuntimeError as exc:  # gloo: "Connection closed by peer"; both backends: a timeout (DistBackendError)
             self.broken = True
-            raise DistributedFailure(_lost(what, exc)) from None
-
-
-def _lost(what: str, exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return (f"lost contact with the other processes of this run during {what} ({type(exc).__name__}: {first}). "
-            "Another process failed, was killed or stopped answering (see its messages and torchrun's report); this "
-            "process stops without saving anything more")
-
-
-def _label_log_lines(rank: int) -> None:
-    """Rank 0 logs as a single process does; the others log warnings and errors only, marked with their rank."""
-    if rank == 0:
-        return
-    root = logging.getLogger()
-    for handler in root.handlers:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [rank {rank}] %(message)s",
-                                               "%Y-%m-%d %H:%M:%S"))
-    root.setLevel(logging.WARNING)
-
-
-def batch_summary(world: World, effective_batch: int, micro_batch: int, accumulation: int) -> str:
-    """'world 2 x (micro-batch 8 x accumulation 1) = effective batch 16' (used by the start-up summary)."""
-    covered = world.size * micro_batch * accumulation
-    tail = (f"= effective batch {effective_batch}" if covered == effective_batch else
-            f"covers effective batch {effective_batch} (at most {world.rank_batch(effective_batch)} samples per "
-            "process)")
-    return f"world {world.size} x (micro-batch {micro_batch} x accumulation {accumulation}) {tail}"
-
+            raise DistributedFailure(lost_contact(what, exc)) from None

@@ -27,17 +27,31 @@ class _ZeroLoss(torch.nn.Module):
         return torch.stack([p.sum() for p in trained]).sum() * 0.0
 
 
-def _sum_gradients(_state, bucket):  # no annotations: DDP checks that a hook's are its own types
+class PendingSums:
+    """The communication hook's state: the works of the current gradient sum, which the caller waits
+    for (trainers/training/collective_wait.py); NCCL's are asynchronous to the host."""
+
+    def __init__(self) -> None:
+        self.works: list[Any] = []
+
+    def take(self) -> list[Any]:
+        works, self.works = self.works, []
+        return works
+
+
+def _sum_gradients(state, bucket):  # no annotations: DDP checks that a hook's are its own types
     """DDP communication hook: the sum over processes (DDP's default divides by their number, and the
     loss is already normalised by the whole step's tokens)."""
     import torch.distributed as dist
 
-    future = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-    return future.then(lambda f: f.value()[0])
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    state.works.append(work)
+    return work.get_future().then(lambda f: f.value()[0])
 
 
-def wrap_for_gradient_sum(model: torch.nn.Module, device: torch.device) -> Any:
-    """DDP around a zero loss of `model`: its backward sums the gradients accumulated under no_sync."""
+def wrap_for_gradient_sum(model: torch.nn.Module, device: torch.device) -> tuple[Any, PendingSums]:
+    """DDP around a zero loss of `model`: its backward sums the gradients accumulated under no_sync; and
+    the hook's record of the works of each sum."""
     from torch.nn.parallel import DistributedDataParallel
 
     # The model's buffers are constants: no broadcast before each forward (the keyword was renamed in torch 2.13).
@@ -45,5 +59,6 @@ def wrap_for_gradient_sum(model: torch.nn.Module, device: torch.device) -> Any:
                       inspect.signature(DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})
     ddp = DistributedDataParallel(_ZeroLoss(model), device_ids=[device.index] if device.type == "cuda" else None,
                                   **no_buffer_sync)
-    ddp.register_comm_hook(None, _sum_gradients)
-    return ddp
+    pending = PendingSums()
+    ddp.register_comm_hook(pending, _sum_gradients)
+    return ddp, pending
