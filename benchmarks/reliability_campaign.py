@@ -95,7 +95,6 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
-INSPECT = REPO / "tools" / "inspect_checkpoint.py"
 FAULT_VARS = ("INDEXTTS_TRAIN_KILL_AT", "INDEXTTS_TRAIN_OOM_ABOVE", "INDEXTTS_TRAIN_OOM_AT",
               "INDEXTTS_TRAIN_NAN_FROM", "INDEXTTS_TRAIN_NAN_WEIGHTS_AT")
 LOCK_NAME = ".trainer.lock"  # its content names the last holder: not part of what a run "has"
