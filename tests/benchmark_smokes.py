@@ -26,8 +26,8 @@ NUMS = r"-?\d+\.\d+(?:, -?\d+\.\d+)*"
 class Smoke:
     args: tuple[str, ...]  # after the script; "{out}" is the run's own folder
     figures: tuple[str, ...]  # regular expressions (multiline): the lines the README quotes figures from
-    seconds: float  # alone on 2 idle cores: the longest start first
-    threads: bool = True  # OMP_NUM_THREADS=1 (False: the variable as the user has it)
+    seconds: float  # about this long alone on 2 idle cores (the longest are started first)
+    one_thread: bool = True  # OMP_NUM_THREADS=1, as for the trainer processes of the tests (False: as the user has it)
 
 
 SMOKES: dict[str, Smoke] = {
@@ -84,7 +84,8 @@ SMOKES: dict[str, Smoke] = {
         rf"^deep    : median wall {NUM} s to first optimizer step \(runs: {NUMS}\); trainer-reported {NUM} s",
         rf"^ratio deep/zero = {NUM} \(target <= 1\.20"), 13),
     "data_scale.py": Smoke(("--smoke",), (
-        rf"^ +[\d,]+ lines fresh : first step {NUM} s \(wall {NUM} s\); main rss {NUM} GiB pss {NUM} GiB peak {NUM} GiB",
+        rf"^ +[\d,]+ lines fresh : first step {NUM} s \(wall {NUM} s\); main rss {NUM} GiB pss {NUM} GiB "
+        rf"peak {NUM} GiB",
         rf"^ +[\d,]+ lines resume: first step {NUM} s \(wall {NUM} s\); main rss {NUM} GiB",
         rf"^ +[\d,]+ lines resume, \d+ loader workers: first step {NUM} s",
         rf"^ +[\d,]+ lines ddp fresh, 2 processes: first step {NUM} s; .*; pss together {NUM} GiB",
@@ -119,12 +120,12 @@ SMOKES: dict[str, Smoke] = {
         r"^PASS gpu_table: T4 16 GB=\{precision: fp16, micro_batch: \d+, micro_batch_grad_checkpointing: \d+, "
         r"host_gib_pinned_saves: \d+",
         r"^SKIP official_throughput: .*samples_per_s_small=",
-        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 35, threads=False),
+        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 35, one_thread=False),
 }
 
 
 @dataclass(frozen=True)
-class Finished:
+class SmokeRun:
     script: str
     returncode: int | None  # None: killed at TIMEOUT_S
     output: str  # stdout and stderr together
@@ -132,10 +133,10 @@ class Finished:
     folder: Path  # the run's own folder (its cwd, "{out}")
 
 
-_done: dict[str, Finished] = {}  # this test session's runs
+_done: dict[str, SmokeRun] = {}  # this test session's runs
 
 
-def run_smokes(scripts: list[str], folder: Path, at_once: int = 3) -> dict[str, Finished]:
+def run_smokes(scripts: list[str], folder: Path, at_once: int = 3) -> dict[str, SmokeRun]:
     """Each script's small mode, `at_once` at a time, longest first; a script already run in this session is
     not run again. Every process tree still running when this returns or raises is killed."""
     todo = sorted((s for s in dict.fromkeys(scripts) if s not in _done), key=lambda s: -SMOKES[s].seconds)
@@ -159,7 +160,7 @@ def _start(script: str, folder: Path) -> tuple[str, subprocess.Popen, Path, floa
     out.mkdir(parents=True, exist_ok=True)
     smoke = SMOKES[script]
     env = subprocess_env()
-    if not smoke.threads:
+    if not smoke.one_thread:
         env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     args = [a.replace("{out}", str(out)) for a in smoke.args]
     with open(out / "output.log", "w", encoding="utf-8") as log:
@@ -168,8 +169,8 @@ def _start(script: str, folder: Path) -> tuple[str, subprocess.Popen, Path, floa
     return script, proc, out, time.monotonic()
 
 
-def _finish(script: str, proc: subprocess.Popen, out: Path, started: float) -> Finished:
+def _finish(script: str, proc: subprocess.Popen, out: Path, started: float) -> SmokeRun:
     over_time = proc.poll() is None
     end_tree(proc)  # and whatever it started that is still running
     text = (out / "output.log").read_text(encoding="utf-8", errors="replace")
-    return Finished(script, None if over_time else proc.returncode, text, round(time.monotonic() - started, 1), out)
+    return SmokeRun(script, None if over_time else proc.returncode, text, round(time.monotonic() - started, 1), out)
