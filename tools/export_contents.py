@@ -16,12 +16,12 @@ import torch
 import yaml
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointError, load_checkpoint
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.vocabulary import tokenizer_size
+from trainers.torch_files import CheckpointError, load_checkpoint
 from trainers.model.weights import (
     CARRIED_PREFIXES, MODEL_NAMESPACES, split_state_dict, state_dict_of, strip_module_prefix,
 )

@@ -33,10 +33,10 @@ if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working director
     sys.path.insert(0, str(REPO_ROOT))
 
 from trainers.checkpoint import schema  # noqa: E402
-from trainers.checkpoint.files import CheckpointError, load_checkpoint  # noqa: E402
 from trainers.config.settings import saved_settings  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.model.weights import state_dict_of, strip_module_prefix  # noqa: E402
+from trainers.torch_files import CheckpointError, load_checkpoint  # noqa: E402
 from tools.base_drift import LoadedFile, compare_with_base  # noqa: E402
 from tools.run_files import WHICH_HELP, checkpoint_path  # noqa: E402
 from tools.verify_checkpoint import render_verify, verify  # noqa: E402

@@ -31,7 +31,6 @@ if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working director
     sys.path.insert(0, str(REPO_ROOT))
 
 from trainers.checkpoint import schema  # noqa: E402
-from trainers.checkpoint.files import CheckpointError  # noqa: E402
 from trainers.config.settings import TrainConfig, saved_settings  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.files import file_sha256  # noqa: E402
@@ -41,6 +40,7 @@ from trainers.run.portable import (  # noqa: E402
     relative_inside, saved_fingerprints, split_spec, write_packed,
 )
 from trainers.run.run_dir import RUN_CONFIG_NAME, SavedRun  # noqa: E402
+from trainers.torch_files import CheckpointError  # noqa: E402
 from tools.run_files import newest_checkpoint  # noqa: E402
 
 

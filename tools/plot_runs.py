@@ -37,8 +37,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from trainers.checkpoint import schema  # noqa: E402
-from trainers.checkpoint.files import CheckpointError  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
+from trainers.torch_files import CheckpointError  # noqa: E402
 from tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 
 # (history key, panel title, has validation values)

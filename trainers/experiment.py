@@ -30,7 +30,7 @@ import sentencepiece as spm
 import torch
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointManager
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.data.data_order import StepPlan
 from trainers.data.features import FeatureDataset, FeatureSpec

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainers.config.flags import CommandLine, parse_command_line  # noqa: E402
 
 from trainers.hardware.cuda_alloc import fragmentation_advice, use_expandable_segments  # noqa: E402  (no torch)
-from trainers.training.stop_signals import EarlySignals  # noqa: E402  (no torch: safe before the imports)
+from trainers.stop_signals import EarlySignals  # noqa: E402  (no torch: safe before the imports)
 
 if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
     # Until main() installs its handlers, a stop signal is noted and main() ends the start-up quietly.
@@ -53,15 +53,15 @@ from trainers.hardware.determinism import NO_DETERMINISM_ADVICE, Nondeterministi
 from trainers.hardware.oom_recovery import (  # noqa: E402
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
 )
+from trainers.faults import Faults  # noqa: E402
 from trainers.model.gpt_model import dropout_keys, packed_length  # noqa: E402
 from trainers.run.setup import Run, setup_run  # noqa: E402
+from trainers.stop_signals import StopNow, StopRequest  # noqa: E402
 from trainers.training.distributed import World  # noqa: E402
-from trainers.training.rank_zero import QuietLog  # noqa: E402
 from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
-from trainers.training.faults import Faults  # noqa: E402
-from trainers.training.process_exit import exit_process  # noqa: E402
-from trainers.training.stop_signals import StopNow, StopRequest  # noqa: E402
 from trainers.training.optimization import StepResult  # noqa: E402
+from trainers.training.process_exit import exit_process  # noqa: E402
+from trainers.training.rank_zero import QuietLog  # noqa: E402
 from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
 
 log = logging.getLogger("train")

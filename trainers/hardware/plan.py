@@ -19,10 +19,10 @@ from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting,
 from trainers.hardware.detect import (
     CPU_MICRO_BATCH, BatchSplit, Hardware, auto_workers, choose_split, configure_device, split_for,
 )
-from trainers.hardware.precision import AmpChoice, choose_amp
+from trainers.faults import OomInjector
 from trainers.hardware.oom_recovery import OutOfMemoryStop, halved
+from trainers.hardware.precision import AmpChoice, choose_amp
 from trainers.model.gpt_model import UnifiedVoiceGPT
-from trainers.training.faults import OomInjector
 
 log = logging.getLogger("train")
 
