@@ -31,12 +31,13 @@ if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working director
     sys.path.insert(0, str(REPO_ROOT))
 
 from trainers.checkpoint import schema  # noqa: E402
+from trainers.config.flags import parse_data_root  # noqa: E402
 from trainers.config.settings import TrainConfig, saved_settings  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.files import file_sha256  # noqa: E402
 from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml  # noqa: E402
 from trainers.run.portable import (  # noqa: E402
-    INPUTS_FILE, PACKED_DIR, Found, Places, common_dir, find, missing_report, moved_dirs, parse_data_root, read_packed,
+    INPUTS_FILE, PACKED_DIR, Found, Places, common_dir, find, missing_report, moved_dirs, read_packed,
     relative_inside, saved_fingerprints, split_spec, write_packed,
 )
 from trainers.run.run_dir import RUN_CONFIG_NAME, SavedRun  # noqa: E402
