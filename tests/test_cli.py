@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainers.train_gpt_v2 import main
+from trainers.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,68 +1,39 @@
-#!/usr/bin/env python3
-"""Fine-tune the IndexTTS2 GPT ("UnifiedVoice" v2) with exact, interruption-proof resume.
-
-    python trainers/train_gpt_v2.py --demo
-    python trainers/train_gpt_v2.py --train-manifest train.jsonl --val-manifest val.jsonl \
-        --tokenizer checkpoints/bpe.model --config checkpoints/config.yaml \
-        --base-checkpoint checkpoints/gpt.pth --output-dir runs/my_voice
-    python trainers/train_gpt_v2.py --resume auto --output-dir runs/my_voice
-
-Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
-trained), or --deterministic met an op with no deterministic kernel (it did not run; the steps
-before it are saved); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
-one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
-6 under torchrun: another process failed or gave no answer within --dist-timeout; 7 host memory
-(RAM) ran out for a checkpoint's copy (the previous checkpoint is intact); 129 / 130 / 143 stopped
-by SIGHUP / SIGINT / SIGTERM (after saving a checkpoint at the last optimizer-step boundary when
-training had started).
+"""The trainer's main() and its training loop: what `indextts-train`, `python trainers/train_gpt_v2.py`
+and trainers.experiment run. The command line, its flags and exit statuses: trainers/cli.py and
+trainers/train_gpt_v2.py.
 """
 from __future__ import annotations
 
+import logging
+import math
 import os
-import sys
 import time
-from pathlib import Path
 
-PROCESS_START = time.monotonic()
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from tqdm import tqdm
 
-from trainers.config.flags import CommandLine, parse_command_line  # noqa: E402
-
-from trainers.hardware.cuda_alloc import fragmentation_advice, use_expandable_segments  # noqa: E402  (no torch)
-from trainers.stop_signals import EarlySignals  # noqa: E402  (no torch: safe before the imports)
-
-if __name__ == "__main__":  # --help and usage errors answer here, before torch is imported
-    # Until main() installs its handlers, a stop signal is noted and main() ends the start-up quietly.
-    EARLY_SIGNALS = EarlySignals().install()
-    COMMAND_LINE = parse_command_line()
-    use_expandable_segments(os.environ)  # before torch, whose CUDA allocator reads it (hardware/cuda_alloc.py)
-
-import logging  # noqa: E402
-import math  # noqa: E402
-
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from trainers.data.data_order import StepPlan  # noqa: E402
-from trainers.data.features import FeatureError  # noqa: E402
-from trainers.errors import (  # noqa: E402
+from trainers import PROCESS_START
+from trainers.config.flags import CommandLine, parse_command_line
+from trainers.data.data_order import StepPlan
+from trainers.data.features import FeatureError
+from trainers.errors import (
     EXIT_DIVERGED, EXIT_HOST_MEMORY, EXIT_OK, EXIT_OUT_OF_MEMORY, EXIT_SAVE_FAILED, EXIT_USAGE, CheckpointWriteError,
     DistributedFailure, HostMemoryError, LogWriteError, TrainingDiverged, UserError,
 )
-from trainers.hardware.determinism import NO_DETERMINISM_ADVICE, NondeterministicOp, nondeterministic_or  # noqa: E402
-from trainers.hardware.oom_recovery import (  # noqa: E402
+from trainers.faults import Faults
+from trainers.hardware.cuda_alloc import fragmentation_advice
+from trainers.hardware.determinism import NO_DETERMINISM_ADVICE, NondeterministicOp, nondeterministic_or
+from trainers.hardware.oom_recovery import (
     OutOfMemoryStop, StepOutOfMemory, is_out_of_memory, oom_message, release_memory,
 )
-from trainers.faults import Faults  # noqa: E402
-from trainers.model.gpt_model import dropout_keys, packed_length  # noqa: E402
-from trainers.run.setup import Run, setup_run  # noqa: E402
-from trainers.stop_signals import StopNow, StopRequest  # noqa: E402
-from trainers.training.distributed import World  # noqa: E402
-from trainers.training.evaluation import autocast_for, batch_loss_sums  # noqa: E402
-from trainers.training.optimization import StepResult  # noqa: E402
-from trainers.training.process_exit import exit_process  # noqa: E402
-from trainers.training.rank_zero import QuietLog  # noqa: E402
-from trainers.training.train_log import StepMetrics, TrainLog, setup_logging  # noqa: E402
+from trainers.model.gpt_model import dropout_keys, packed_length
+from trainers.run.setup import Run, setup_run
+from trainers.stop_signals import EarlySignals, StopNow, StopRequest
+from trainers.training.distributed import World
+from trainers.training.evaluation import autocast_for, batch_loss_sums
+from trainers.training.optimization import StepResult
+from trainers.training.rank_zero import QuietLog
+from trainers.training.train_log import StepMetrics, TrainLog, setup_logging
 
 log = logging.getLogger("train")
 
@@ -409,6 +380,3 @@ def stop_keeping_progress(run: Run, tlog: TrainLog, first_step: int, error: Exce
         run.checkpoints.save(run.progress.step)
     log.error("%s, then continue with --resume auto --output-dir %s", advice, run.cfg.run_dir)
 
-
-if __name__ == "__main__":
-    exit_process(main(command=COMMAND_LINE, early=EARLY_SIGNALS))

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Fine-tune the IndexTTS2 GPT ("UnifiedVoice" v2) with exact, interruption-proof resume.
+
+    python trainers/train_gpt_v2.py --demo
+    python trainers/train_gpt_v2.py --train-manifest train.jsonl --val-manifest val.jsonl \
+        --tokenizer checkpoints/bpe.model --config checkpoints/config.yaml \
+        --base-checkpoint checkpoints/gpt.pth --output-dir runs/my_voice
+    python trainers/train_gpt_v2.py --resume auto --output-dir runs/my_voice
+
+The same command is installed as `indextts-train` (pip install -e . in the repository, which this
+script needs too); the code is in the trainers package (trainers/cli.py, trainers/main.py).
+
+Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
+trained), or --deterministic met an op with no deterministic kernel (it did not run; the steps
+before it are saved); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
+one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
+6 under torchrun: another process failed or gave no answer within --dist-timeout; 7 host memory
+(RAM) ran out for a checkpoint's copy (the previous checkpoint is intact); 129 / 130 / 143 stopped
+by SIGHUP / SIGINT / SIGTERM (after saving a checkpoint at the last optimizer-step boundary when
+training had started).
+"""
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import trainers
+    from trainers.cli import train_command
+except ModuleNotFoundError as exc:
+    if exc.name != "trainers":
+        raise
+    print(f"error: this Python ({sys.executable}) has no trainers package: install it with "
+          f"`pip install -e {HERE.parent}` (the README's set-up command), then run this again; nothing was trained",
+          file=sys.stderr)
+    sys.exit(2)
+
+if __name__ == "__main__":
+    if Path(trainers.__file__).resolve().parent != HERE:  # e.g. `pip install .` of another copy: its code runs
+        print(f"warning: {Path(__file__).name} runs the trainers package installed at "
+              f"{Path(trainers.__file__).parent}, not the code beside it in {HERE}; to run this copy, install it "
+              f"with `pip install -e {HERE.parent}`", file=sys.stderr)
+    train_command()
