@@ -795,7 +795,7 @@ def corruption_cases(c: Campaign) -> list[tuple[str, Callable[[Path, random.Rand
 
 
 def inspect_verify(path: Path) -> tuple[int, str]:
-    from tools.inspect_checkpoint import main as inspect_main
+    from trainers.tools.inspect_checkpoint import main as inspect_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -42,18 +42,14 @@ from pathlib import Path
 import torch
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
-    sys.path.insert(0, str(REPO_ROOT))
-
-from trainers.config.inference_keys import other_model_files  # noqa: E402
-from trainers.errors import UserError  # noqa: E402
-from tools.export_contents import (  # noqa: E402
+from trainers.config.inference_keys import other_model_files
+from trainers.errors import UserError
+from trainers.tools.export_contents import (
     CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, load_source,
     resolve_inference, select_tensors,
 )
-from tools.export_output import check_output, write_export  # noqa: E402
-from tools.run_files import WHICH_HELP, checkpoint_path  # noqa: E402
+from trainers.tools.export_output import check_output, write_export
+from trainers.tools.run_files import WHICH_HELP, checkpoint_path
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -149,7 +145,3 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a reader that stopped (e.g. head); the export is done
         sys.stdout = open(os.devnull, "w")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,11 +21,11 @@ from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.vocabulary import tokenizer_size
-from trainers.torch_files import CheckpointError, load_checkpoint
 from trainers.model.weights import (
     CARRIED_PREFIXES, MODEL_NAMESPACES, split_state_dict, state_dict_of, strip_module_prefix,
 )
-from tools.export_output import RECORD_NAME
+from trainers.tools.export_output import RECORD_NAME
+from trainers.torch_files import CheckpointError, load_checkpoint
 
 GPT_NAME = "gpt.pth"
 CONFIG_NAME = "config.yaml"

@@ -28,18 +28,14 @@ from typing import Any
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
-    sys.path.insert(0, str(REPO_ROOT))
-
-from trainers.checkpoint import schema  # noqa: E402
-from trainers.config.settings import saved_settings  # noqa: E402
-from trainers.errors import UserError  # noqa: E402
-from trainers.model.weights import state_dict_of, strip_module_prefix  # noqa: E402
-from trainers.torch_files import CheckpointError, load_checkpoint  # noqa: E402
-from tools.base_drift import LoadedFile, compare_with_base  # noqa: E402
-from tools.run_files import WHICH_HELP, checkpoint_path  # noqa: E402
-from tools.verify_checkpoint import render_verify, verify  # noqa: E402
+from trainers.checkpoint import schema
+from trainers.config.settings import saved_settings
+from trainers.errors import UserError
+from trainers.model.weights import state_dict_of, strip_module_prefix
+from trainers.tools.base_drift import LoadedFile, compare_with_base
+from trainers.tools.run_files import WHICH_HELP, checkpoint_path
+from trainers.tools.verify_checkpoint import render_verify, verify
+from trainers.torch_files import CheckpointError, load_checkpoint
 
 LAYER_KEY = re.compile(r"^gpt\.h\.(\d+)\.")
 # The hardware section's amp_dtype (str of a torch dtype) as --amp's documentation names it.
@@ -337,7 +333,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n".join(render_text(facts)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,23 +26,19 @@ import shutil
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
-    sys.path.insert(0, str(REPO_ROOT))
-
-from trainers.checkpoint import schema  # noqa: E402
-from trainers.config.flags import parse_data_root  # noqa: E402
-from trainers.config.settings import TrainConfig, saved_settings  # noqa: E402
-from trainers.errors import UserError  # noqa: E402
-from trainers.files import file_sha256  # noqa: E402
-from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml  # noqa: E402
-from trainers.run.portable import (  # noqa: E402
+from trainers.checkpoint import schema
+from trainers.config.flags import parse_data_root
+from trainers.config.settings import TrainConfig, saved_settings
+from trainers.errors import UserError
+from trainers.files import file_sha256
+from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml
+from trainers.run.portable import (
     INPUTS_FILE, PACKED_DIR, Found, Places, common_dir, find, missing_report, moved_dirs, read_packed,
     relative_inside, saved_fingerprints, split_spec, write_packed,
 )
-from trainers.run.run_dir import RUN_CONFIG_NAME, SavedRun  # noqa: E402
-from trainers.torch_files import CheckpointError  # noqa: E402
-from tools.run_files import newest_checkpoint  # noqa: E402
+from trainers.run.run_dir import RUN_CONFIG_NAME, SavedRun
+from trainers.tools.run_files import newest_checkpoint
+from trainers.torch_files import CheckpointError
 
 
 def read_run(run_dir: Path) -> SavedRun:
@@ -185,7 +181,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print("\n".join(lines))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

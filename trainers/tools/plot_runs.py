@@ -23,11 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # so the tool runs from any working directory
-    sys.path.insert(0, str(REPO_ROOT))
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
 
@@ -38,8 +34,8 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from trainers.checkpoint import schema  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
+from trainers.tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 from trainers.torch_files import CheckpointError  # noqa: E402
-from tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 
 # (history key, panel title, has validation values)
 PANELS = (
@@ -236,7 +232,3 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(run))
     print(f"wrote {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

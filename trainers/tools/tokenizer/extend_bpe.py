@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Extend a SentencePiece tokenizer with pieces for a new script, keeping every existing id.
 
     python tools/tokenizer/extend_bpe.py --base-model checkpoints/bpe.model \\
@@ -57,13 +56,9 @@ from typing import Callable, Iterable, Sequence
 
 import sentencepiece as spm
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # run as a script from any cwd, or imported by the tests
-    sys.path.insert(0, _HERE)
-
-import sp_model_proto as proto  # noqa: E402
-from new_files import create_beside  # noqa: E402
-from retokenize_lines import SINGLE, detect_form, text_of  # noqa: E402
+from trainers.tools.tokenizer import sp_model_proto as proto
+from trainers.tools.tokenizer.new_files import create_beside
+from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
 
 log = logging.getLogger("extend_bpe")
 
@@ -897,7 +892,3 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return EXIT_FAILED
     return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Make the text ids of training manifests with a (new or extended) SentencePiece model.
 
     python tools/tokenizer/retokenize_manifest.py --tokenizer checkpoints/bpe_am.model \\
@@ -62,15 +61,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-_HERE = str(Path(__file__).resolve().parent)
-if _HERE not in sys.path:  # run as a script from any cwd, or imported by the tests
-    sys.path.insert(0, _HERE)
-
-from retokenize_errors import Refusal, WriteFailure  # noqa: E402
-from retokenize_front_end import APPLIED_FRONT_END, SKIPPED_NORMALISATION, Tokenizer, load_tokenizer  # noqa: E402
-from retokenize_limits import Limits, resolve_limits  # noqa: E402
-from retokenize_lines import Plan, Report, encode_lines, read_manifest, summarise  # noqa: E402
-from retokenize_outputs import IDS_DIR, output_problems, write_plan  # noqa: E402
+from trainers.tools.tokenizer.retokenize_errors import Refusal, WriteFailure
+from trainers.tools.tokenizer.retokenize_front_end import (
+    APPLIED_FRONT_END, SKIPPED_NORMALISATION, Tokenizer, load_tokenizer,
+)
+from trainers.tools.tokenizer.retokenize_limits import Limits, resolve_limits
+from trainers.tools.tokenizer.retokenize_lines import Plan, Report, encode_lines, read_manifest, summarise
+from trainers.tools.tokenizer.retokenize_outputs import IDS_DIR, output_problems, write_plan
 
 EXIT_OK, EXIT_WRITE_FAILED, EXIT_REFUSED = 0, 1, 2
 MAX_LISTED_PROBLEMS = 30
@@ -213,7 +210,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_WRITE_FAILED
     return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())
