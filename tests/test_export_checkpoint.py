@@ -13,8 +13,10 @@ import yaml
 from tests.demo_runs import REPO, full_config, train_here
 from trainers.checkpoint import schema
 from trainers.config.inference_keys import missing_inference_keys
+from trainers.errors import UserError
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import CARRIED_PREFIXES, read_state_dict
+from trainers.run.inputs import read_model_yaml
 from trainers.tools import export_checkpoint as ex
 from trainers.tools.export_checkpoint import main
 from trainers.tools.export_contents import expected_group_a
@@ -351,6 +353,26 @@ def test_refusals_leave_nothing_written(run: Path, tmp_path: Path, tokenizer: Pa
         refused(capsys, argv, *words)
         assert not (tmp_path / "out").exists(), argv
     assert sorted(os.listdir(run)) == before
+
+
+def test_the_export_and_the_trainer_refuse_a_broken_config_yaml_alike(run: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture):
+    """One reader of config.yaml (trainers/config/config_yaml.py): a missing, unparsable, binary or
+    foreign file given to the export's --config or the trainer's --config is refused for the same
+    reason, in the same words, before the advice each command adds."""
+    broken = {"missing": None, "unparsable": "gpt: [1, 2\n", "binary": b"\x80\x81gpt", "foreign": "dataset: {}\n"}
+    for name, content in broken.items():
+        path = tmp_path / f"{name}.yaml"
+        if isinstance(content, str):
+            path.write_text(content)
+        elif content is not None:
+            path.write_bytes(content)
+        with pytest.raises(UserError) as trainer:
+            read_model_yaml(str(path))
+        reason = str(trainer.value).split("; pass ")[0]
+        assert reason.startswith(f"--config {path}: ") and len(reason) > len(f"--config {path}: "), name
+        refused(capsys, [str(run), "--config", str(path), "--out", str(tmp_path / "out")], reason + "; pass --config")
+        assert not (tmp_path / "out").exists()
 
 
 def read_base_path(run: Path) -> Path:
