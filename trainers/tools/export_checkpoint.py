@@ -28,8 +28,8 @@ Every file is written under a temporary name, fsynced and renamed, and export.js
 old and the new files while the renames happen, so a killed export leaves no half-written file and
 the next export into the same directory is not refused.
 
-What goes into the files is in tools/export_contents.py, the --out directory rule and the atomic
-writes in tools/export_output.py.
+What goes into the files is in export_contents.py, the --out directory rule and the atomic
+writes in export_output.py (beside this file).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python tools/inspect_checkpoint.py runs/x [--which latest|best|STEP] [--base checkpoints/gpt.pth] [--json]
     python tools/inspect_checkpoint.py runs/x/model_step4000.pth --verify [--json]
 
-A run directory is read as tools/export_checkpoint.py reads it (tools/run_files.checkpoint_path):
+A run directory is read as tools/export_checkpoint.py reads it (run_files.checkpoint_path):
 its newest complete checkpoint, or the one --which names.
 
 Use it before resuming an old run: if the base rows of text_embedding/text_head differ from
@@ -14,7 +14,7 @@ checks just that and says ok, corrupt (which tensor or field, or why the file ca
 not verifiable (files of checkpoint formats 1 and 2 and official gpt.pth files carry no checksums);
 exit status 0 for ok and not verifiable, 1 for corrupt, 2 if the file is missing.
 
-The comparison with the base is in tools/base_drift.py, --verify in tools/verify_checkpoint.py.
+The comparison with the base is in base_drift.py, --verify in verify_checkpoint.py (beside this file).
 """
 from __future__ import annotations
 
