@@ -78,6 +78,26 @@ def test_every_named_file_exists(doc: Path) -> None:
     assert not missing, f"{doc.relative_to(REPO)} names files that do not exist: {missing}"
 
 
+def code_map_files() -> set[str]:
+    """The files of the code map in docs/architecture.md: a cell names a file by its path, then
+    others of the same folder by their names alone."""
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    listed, folder = set(), ""
+    for line in text[text.index("## Code map"):].splitlines():
+        for name in re.findall(r"`([^`]+)`", line.split(" | ")[0]) if line.startswith("| `") else ():
+            folder = str(Path(name).parent) if "/" in name else folder
+            listed.add(name if "/" in name else f"{folder}/{name}")
+    return listed
+
+
+def test_the_code_map_names_every_module_and_only_existing_ones() -> None:
+    modules = {str(p.relative_to(REPO)) for pattern in ("trainers/**/*.py", "tools/**/*.py", "tools/**/*.sh")
+               for p in REPO.glob(pattern) if p.name != "__init__.py"}
+    listed = code_map_files()
+    assert not listed - modules, f"the code map names files that do not exist: {sorted(listed - modules)}"
+    assert not modules - listed, f"add these to the code map in docs/architecture.md: {sorted(modules - listed)}"
+
+
 def defined_names(path: Path) -> set[str]:
     return set(re.findall(r"^\s*(?:async )?def (\w+)", path.read_text(encoding="utf-8"), flags=re.M))
 
