@@ -73,3 +73,12 @@ def test_the_trainer_script_warns_when_it_runs_another_copy_of_the_package(tmp_p
     same = subprocess.run([sys.executable, str(TRAINER_SCRIPT), "--help"], capture_output=True, text=True,
                           timeout=60)
     assert same.returncode == 0 and same.stderr == ""
+
+
+def test_ci_runs_exactly_the_readmes_set_up_and_test_command():
+    """CI must prove what a new user types: the README's test line, word for word."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    test_line = next(line for line in readme.splitlines()
+                     if line.startswith("pip install") and line.endswith("python -m pytest"))
+    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert test_line in ci_lines, f".ci/run should run the README's test command: {test_line}"
