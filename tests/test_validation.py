@@ -32,7 +32,7 @@ def _no_fault_injection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def run_main(out: Path, *args: str) -> tuple[int, str]:
     """main() as the script runs it: argparse's exit and an unexpected exception become a status."""
-    from trainers.train_gpt_v2 import main
+    from trainers.main import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
