@@ -226,7 +226,7 @@ def run_subprocess(out: Path, args: list[str], log: Path, kill_at: str | None = 
 
 def run_in_process(args: list[str]) -> Outcome:
     """trainers.train_gpt_v2.main in this process; an escaping exception is reported as status 1 with its traceback."""
-    from trainers.train_gpt_v2 import main
+    from trainers.main import main
 
     saved = {k: os.environ.pop(k) for k in FAULT_VARS if k in os.environ}
     err, out = io.StringIO(), io.StringIO()
@@ -802,7 +802,7 @@ def corruption_cases(c: Campaign) -> list[tuple[str, Callable[[Path, random.Rand
 
 
 def inspect_verify(path: Path) -> tuple[int, str]:
-    from tools.inspect_checkpoint import main as inspect_main
+    from trainers.tools.inspect_checkpoint import main as inspect_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

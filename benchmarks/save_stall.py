@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from trainers.checkpoint.files import CheckpointManager  # noqa: E402
+from trainers.checkpoint.step_files import CheckpointManager  # noqa: E402
 from trainers.checkpoint.writer import CheckpointWriter  # noqa: E402
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT  # noqa: E402
 from trainers.model.weights import CARRIED_PREFIXES  # noqa: E402

@@ -53,7 +53,7 @@ from benchmarks.save_stall import (  # noqa: E402
 )
 from trainers.checkpoint import integrity, schema  # noqa: E402
 from trainers.checkpoint.checkpointer import Checkpointer  # noqa: E402
-from trainers.checkpoint.files import load_checkpoint  # noqa: E402
+from trainers.torch_files import load_checkpoint  # noqa: E402
 from trainers.training.rng import ProcessRNG  # noqa: E402
 
 

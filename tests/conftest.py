@@ -1,12 +1,18 @@
 """Shared test settings and the demo assets every trainer test uses."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from trainers.model.gpt_model import GPTConfig
+
+# The scripts the tests start (the trainer, the tools, torchrun's workers) import the trainers package
+# of this checkout, as the tests do, whatever this Python has installed (another checkout, or none).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
 
 # A tiny config whose special mel ids sit at the top of the mel vocabulary, as in the official one.
 TINY_GPT = GPTConfig(

@@ -81,7 +81,7 @@ def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str,
     Kill points must name a signal the trainer handles (SIGTERM@..., SIGINT@...): a SIGKILL here
     would end the test run.
     """
-    from trainers.train_gpt_v2 import main
+    from trainers.main import main
 
     assert not kill_at or kill_at.startswith(("SIGTERM@", "SIGINT@", "SIGHUP@")), kill_at
     variables = {"INDEXTTS_TRAIN_KILL_AT": kill_at, **(env or {})}

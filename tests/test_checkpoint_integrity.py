@@ -20,11 +20,12 @@ import pytest
 import torch
 
 from tests.demo_runs import final_state, train_here
-from tools.inspect_checkpoint import main as inspect_main
 from trainers.checkpoint import integrity, schema
-from trainers.checkpoint.files import CheckpointError, CheckpointManager
 from trainers.checkpoint.recovery import NoIntactCheckpoint, newest_intact, set_aside
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.run.lock import LOCK_NAME
+from trainers.tools.inspect_checkpoint import main as inspect_main
+from trainers.torch_files import CheckpointError
 
 STEPS = 16
 FLAGS = ["--max-steps", str(STEPS), "--save-interval", "4", "--val-interval", "0", "--max-val-batches", "1",

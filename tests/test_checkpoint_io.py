@@ -10,12 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers.checkpoint.files import (
-    CheckpointError,
-    CheckpointManager,
-    atomic_torch_save,
-    load_checkpoint,
-)
+from trainers.checkpoint.step_files import CheckpointManager
+from trainers.torch_files import CheckpointError, atomic_torch_save, load_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,7 +148,7 @@ def test_kill_after_renamed_resumes_from_newer_step_file(tmp_path, caplog):
         mgr.save(state(2), 2)
 
     assert loaded_step(mgr.latest_path()) == 1
-    with caplog.at_level(logging.INFO, logger="trainers.checkpoint.files"):
+    with caplog.at_level(logging.INFO, logger="trainers.checkpoint.step_files"):
         resume = mgr.find_resume()
     assert resume == tmp_path / "model_step2.pth"
     assert loaded_step(resume) == 2
@@ -228,7 +224,7 @@ def test_symlink_fallback_when_hard_links_fail(tmp_path, monkeypatch, caplog):
 
     monkeypatch.setattr(os, "link", no_link)
     mgr = CheckpointManager(tmp_path, keep=1)
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.files"):
+    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.step_files"):
         for step in (1, 2, 3):
             mgr.save(state(step), step)
 
@@ -275,7 +271,7 @@ CHILD_SCRIPT = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     import torch
-    from trainers.checkpoint.files import CheckpointManager
+    from trainers.checkpoint.step_files import CheckpointManager
 
     def die_mid_save(event, step):
         if event == "tmp_written" and step == 2:
@@ -315,7 +311,7 @@ def test_real_sigkill_during_save(tmp_path):
 def test_rotation_never_deletes_what_latest_points_to(tmp_path, caplog):
     mgr = CheckpointManager(tmp_path, keep=1)
     mgr.save(state(5), 5)
-    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.files"):
+    with caplog.at_level(logging.WARNING, logger="trainers.checkpoint.step_files"):
         mgr.save(state(3), 3)  # e.g. resumed from an older checkpoint
 
     assert "newer checkpoints exist" in caplog.text

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.checkpoint.files import CheckpointManager, load_checkpoint
-from trainers.checkpoint.files import os_error_in_chain
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.checkpoint.writer import CheckpointWriter, SnapshotBuffers, snapshot, to_host
+from trainers.files import os_error_in_chain
+from trainers.torch_files import load_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -421,9 +422,9 @@ CHILD = textwrap.dedent(
     import sys, threading, time
     from pathlib import Path
     import torch
-    from trainers.checkpoint.files import CheckpointManager
+    from trainers.checkpoint.step_files import CheckpointManager
     from trainers.checkpoint.writer import CheckpointWriter
-    from trainers.training.faults import KillPoint
+    from trainers.faults import KillPoint
 
     run_dir, kill_point, background, ending = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1", sys.argv[4]
     kill = KillPoint(((kill_point, 9, False),))  # SIGKILL

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainers.train_gpt_v2 import main
+from trainers.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +85,7 @@ def test_sample_that_breaks_at_load_time_stops_with_file_and_line(tmp_path, caps
 
 
 def test_failed_checkpoint_write_stops_with_status_4(tmp_path, capsys, monkeypatch):
-    from trainers.checkpoint import files as checkpoint_io
+    from trainers.checkpoint import step_files as checkpoint_io
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")

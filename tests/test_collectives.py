@@ -135,7 +135,7 @@ def test_dist_timeout_is_a_flag_of_this_launch_checked_at_once(capsys):
 def test_a_second_stop_signal_while_waiting_leaves_the_group_as_it_is():
     """A second signal abandons the step at once (StopNow); with a sum possibly still running on NCCL, the
     process group must not be destroyed on the way out (that would wait for it)."""
-    from trainers.training.stop_signals import StopNow
+    from trainers.stop_signals import StopNow
 
     class SecondSignal:
         @property

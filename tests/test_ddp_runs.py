@@ -273,9 +273,9 @@ def test_a_last_step_with_fewer_samples_than_processes(demo_assets, tmp_path):
 
 def test_a_step_is_divided_by_strided_slices_and_nothing_changes_without_torchrun(monkeypatch):
     from trainers.data.data_order import StepPlan
+    from trainers.faults import for_this_process
     from trainers.training.distributed import World
     from trainers.training.torchrun_env import batch_summary
-    from trainers.training.faults import for_this_process
 
     single = World.from_env({})
     plan = StepPlan(0, 3, [[9, 4, 7], [1, 8, 2], [6]])

@@ -1,6 +1,6 @@
 """A diverging run never replaces good checkpoints with bad ones, and bad values are refused by name.
 
-Divergence is injected (trainers/training/faults.py: INDEXTTS_TRAIN_NAN_FROM, _NAN_WEIGHTS_AT), so
+Divergence is injected (trainers/faults.py: INDEXTTS_TRAIN_NAN_FROM, _NAN_WEIGHTS_AT), so
 the real loop, checkpointing and rotation are exercised in-process.
 """
 from __future__ import annotations
@@ -94,10 +94,10 @@ def test_fp16_loss_scaler_skips_are_counted_and_end_the_run(demo_assets, tmp_pat
     """The real loop with the loss scaler --amp uses on an fp16 GPU (on the CPU here): overflowing
     steps are skipped by the scaler, counted, and a bounded streak of them ends the run."""
     from trainers.config.flags import parse_command_line
+    from trainers.faults import Faults, KillPoint, NanInjector
     from trainers.run.setup import setup_run
-    from trainers.train_gpt_v2 import MAX_SKIPPED_FP16, train
-    from trainers.training.faults import Faults, KillPoint, NanInjector
-    from trainers.training.stop_signals import StopRequest
+    from trainers.stop_signals import StopRequest
+    from trainers.main import MAX_SKIPPED_FP16, train
 
     caplog.set_level(logging.INFO, logger="train")
     out = tmp_path / "run"

@@ -10,14 +10,16 @@ import pytest
 import torch
 import yaml
 
-from tests.demo_runs import full_config, train_here
-from tools import export_checkpoint as ex
-from tools.export_checkpoint import main
-from tools.export_contents import expected_group_a
+from tests.demo_runs import REPO, full_config, train_here
 from trainers.checkpoint import schema
 from trainers.config.inference_keys import missing_inference_keys
+from trainers.errors import UserError
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import CARRIED_PREFIXES, read_state_dict
+from trainers.run.inputs import read_model_yaml
+from trainers.tools import export_checkpoint as ex
+from trainers.tools.export_checkpoint import main
+from trainers.tools.export_contents import expected_group_a
 
 OFFICIAL = dict(model_dim=1280, layers=24, heads=20, max_text_tokens=600, max_mel_tokens=1815,
                 number_text_tokens=12000, number_mel_codes=8194)
@@ -186,7 +188,7 @@ def trimmed_run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]
     only what the trainer reads."""
     out = tmp_path_factory.mktemp("trimmed") / "run"
     assert demo_assets[0] == "--demo"
-    done = train_here(out, *demo_assets[1:], "--config", str(ex.REPO_ROOT / "checkpoints" / "demo.yaml"),
+    done = train_here(out, *demo_assets[1:], "--config", str(REPO / "checkpoints" / "demo.yaml"),
                       "--effective-batch", "8", "--max-steps", "1", "--val-interval", "0")
     assert done.returncode == 0, done.stderr[-3000:]
     # The trainer says at the start what the export will ask for.
@@ -198,7 +200,7 @@ def trimmed_run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]
 
 def test_a_trimmed_config_is_refused_naming_the_missing_keys_and_the_flag(trimmed_run: Path, tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture):
-    trimmed, demo = trimmed_run, ex.REPO_ROOT / "checkpoints" / "demo.yaml"
+    trimmed, demo = trimmed_run, REPO / "checkpoints" / "demo.yaml"
     out = tmp_path / "out"
     err = refused(capsys, [str(trimmed), "--out", str(out)], f"{trimmed / 'config.yaml'} (the trainer's copy of "
                   f"--config {demo})", "lacks keys that IndexTTS2 inference reads: " + ", ".join(TRIMMED_LACKS) + ".",
@@ -208,7 +210,7 @@ def test_a_trimmed_config_is_refused_naming_the_missing_keys_and_the_flag(trimme
     refused(capsys, [str(trimmed), "--config", str(demo), "--out", str(out)], f"--config {demo} lacks keys")
     assert not out.exists()
     # The repository's trimmed config says what it is, first thing in the file.
-    assert (ex.REPO_ROOT / "checkpoints" / "config.yaml").read_text().startswith("# TRIMMED IndexTTS2 config")
+    assert (REPO / "checkpoints" / "config.yaml").read_text().startswith("# TRIMMED IndexTTS2 config")
 
 
 def test_the_full_config_is_kept_but_for_the_three_values_the_export_sets(trimmed_run: Path, tmp_path: Path,
@@ -339,7 +341,7 @@ def test_refusals_leave_nothing_written(run: Path, tmp_path: Path, tokenizer: Pa
         ([str(moved), "--out", out], [str(tmp_path / "gone" / "bpe.model"), "is missing", "--tokenizer"]),
         ([str(run), "--tokenizer", str(other_tok), "--out", out], ["not the tokenizer the run was trained with"]),
         ([str(lone / "x.pth"), "--out", out], ["no config.yaml beside", "--config"]),
-        ([str(run), "--config", str(ex.REPO_ROOT / "checkpoints" / "config.yaml"), "--out", out],
+        ([str(run), "--config", str(REPO / "checkpoints" / "config.yaml"), "--out", out],
          ["is not the config", "model_dim 1280 (run: 64)"]),
         ([str(no_b), "--out", out], ["lacks the conditioning-encoder tensors", "emovec_layer.*"]),
         ([str(read_base_path(run)), "--out", out], ["records no config", "--config"]),
@@ -351,6 +353,26 @@ def test_refusals_leave_nothing_written(run: Path, tmp_path: Path, tokenizer: Pa
         refused(capsys, argv, *words)
         assert not (tmp_path / "out").exists(), argv
     assert sorted(os.listdir(run)) == before
+
+
+def test_the_export_and_the_trainer_refuse_a_broken_config_yaml_alike(run: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture):
+    """One reader of config.yaml (trainers/config/config_yaml.py): a missing, unparsable, binary or
+    foreign file given to the export's --config or the trainer's --config is refused for the same
+    reason, in the same words, before the advice each command adds."""
+    broken = {"missing": None, "unparsable": "gpt: [1, 2\n", "binary": b"\x80\x81gpt", "foreign": "dataset: {}\n"}
+    for name, content in broken.items():
+        path = tmp_path / f"{name}.yaml"
+        if isinstance(content, str):
+            path.write_text(content)
+        elif content is not None:
+            path.write_bytes(content)
+        with pytest.raises(UserError) as trainer:
+            read_model_yaml(str(path))
+        reason = str(trainer.value).split("; pass ")[0]
+        assert reason.startswith(f"--config {path}: ") and len(reason) > len(f"--config {path}: "), name
+        refused(capsys, [str(run), "--config", str(path), "--out", str(tmp_path / "out")], reason + "; pass --config")
+        assert not (tmp_path / "out").exists()
 
 
 def read_base_path(run: Path) -> Path:

@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-TOOLS_DIR = Path(__file__).resolve().parents[1] / "tools" / "tokenizer"
-if str(TOOLS_DIR) not in sys.path:
-    sys.path.insert(0, str(TOOLS_DIR))
+from trainers.tools.tokenizer import extend_bpe
+from trainers.tools.tokenizer import sp_model_proto as proto
 
-import extend_bpe  # noqa: E402
-import sp_model_proto as proto  # noqa: E402
+TOOLS_DIR = Path(__file__).resolve().parents[1] / "tools" / "tokenizer"  # the scripts users run
 
 ENGLISH_WORDS = (
     "the", "a", "small", "large", "red", "green", "blue", "old", "new", "quiet", "happy", "bright",

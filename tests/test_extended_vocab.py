@@ -5,11 +5,9 @@ and a copy of the demo manifest uses some of the new ids, so the new rows get re
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import signal
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,21 +15,15 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from tests.demo_runs import REPO, final_state, train, train_here
+from tests.demo_runs import final_state, train, train_here
 from trainers.model.weights import TEXT_ROW_KEYS, read_state_dict
+from trainers.tools.inspect_checkpoint import main as inspect_main
+from trainers.tools.tokenizer.extend_bpe import main as extend_main
 
 BASE_TOKENS = 160
 EXTENDED = 200
 FLAGS = ["--batch-size", "8", "--grad-accumulation", "2", "--weight-decay", "0.1", "--save-interval", "6",
          "--val-interval", "0", "--max-val-batches", "1", "--keep-checkpoints", "1", "--log-interval", "100"]
-
-
-def _tool(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def _ethiopic_corpus(path: Path, seed: int) -> Path:
@@ -44,9 +36,8 @@ def _ethiopic_corpus(path: Path, seed: int) -> Path:
 
 
 def _extend(base: Path, out: Path, seed: int) -> Path:
-    extend = _tool("extend_bpe", "tools/tokenizer/extend_bpe.py")
     corpus = _ethiopic_corpus(out.with_suffix(".jsonl"), seed)
-    assert extend.main(["--base-model", str(base), "--manifests", str(corpus), "--output-model", str(out),
+    assert extend_main(["--base-model", str(base), "--manifests", str(corpus), "--output-model", str(out),
                         "--target-size", str(EXTENDED)]) == 0
     return out
 
@@ -93,8 +84,7 @@ def _base_rows(t: torch.Tensor, base_tokens: int) -> torch.Tensor:
 
 
 def _inspect(capsys, *argv: str) -> str:
-    inspect = _tool("inspect_checkpoint", "tools/inspect_checkpoint.py")
-    assert inspect.main(list(argv)) == 0
+    assert inspect_main(list(argv)) == 0
     return capsys.readouterr().out
 
 

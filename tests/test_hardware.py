@@ -9,16 +9,16 @@ import torch
 
 from tests.conftest import TINY_GPT
 from trainers.data.sample_table import Sample, SampleTable
+from trainers.faults import OomInjector
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
-from trainers.training.faults import OomInjector
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.hardware.detect import (
     auto_workers, choose_split, configure_device, detect_hardware, pick_device,
 )
-from trainers.hardware.precision import amp_dtype, choose_amp
 from trainers.config.flags import CommandLine
 from trainers.config.settings import saved_settings
 from trainers.errors import UserError
+from trainers.hardware.precision import amp_dtype, choose_amp
 from trainers.run.resolve import merge_settings
 from trainers.run.run_dir import SavedRun
 from trainers.training.rng import ProcessRNG

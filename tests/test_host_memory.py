@@ -11,10 +11,10 @@ import yaml
 
 from tests.demo_runs import final_state, train_here
 from trainers.checkpoint import snapshot as snapshot_module
-from trainers.checkpoint.files import CheckpointManager
 from trainers.checkpoint.host_blocks import BLOCK_BYTES, allocated_bytes, plan_blocks, reserved_bytes
 from trainers.checkpoint.save_mode import choose_save_mode
 from trainers.checkpoint.snapshot import SnapshotBuffers, buffer_sizes, snapshot
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.checkpoint.writer import CheckpointWriter
 from trainers.config.settings import TrainConfig
 from trainers.errors import HostMemoryError

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.inspect_checkpoint import main
 from trainers.checkpoint import schema
+from trainers.tools.inspect_checkpoint import main
 from trainers.training.rng import ProcessRNG
 
 D, NB, N = 8, 20, 26          # width, base text tokens, extended text tokens

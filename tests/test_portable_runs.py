@@ -80,7 +80,7 @@ def trained_then_moved(demo_assets: list[str], tmp_path: Path) -> tuple[Path, Pa
 
 
 def pack_main(argv: list[str]) -> int:
-    from tools.pack_run import main
+    from trainers.tools.pack_run import main
 
     return main(argv)
 

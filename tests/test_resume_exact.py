@@ -2,7 +2,7 @@
 
 Each test runs the real entry point on the demo config and compares the final checkpoint of an
 interrupted-and-resumed run with one uninterrupted run, tensor by tensor. Kills are real
-SIGKILLs of a trainer subprocess at exact points (trainers/training/faults.py); signals the
+SIGKILLs of a trainer subprocess at exact points (trainers/faults.py); signals the
 trainer handles (SIGTERM, SIGINT) and refusals run in this process (tests/demo_runs.py).
 """
 from __future__ import annotations

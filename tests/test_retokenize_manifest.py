@@ -18,15 +18,12 @@ import yaml
 
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.manifest import DataLimits, ManifestSpec, load_manifests
+from trainers.tools.tokenizer import extend_bpe
+from trainers.tools.tokenizer import retokenize_manifest as rt
+from trainers.tools.tokenizer.retokenize_front_end import front_end
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLS_DIR = REPO / "tools" / "tokenizer"
-if str(TOOLS_DIR) not in sys.path:
-    sys.path.insert(0, str(TOOLS_DIR))
-
-import extend_bpe  # noqa: E402
-import retokenize_manifest as rt  # noqa: E402
-from retokenize_front_end import front_end  # noqa: E402
+TOOLS_DIR = REPO / "tools" / "tokenizer"  # the scripts users run
 
 DEMO_GPT = yaml.safe_load((REPO / "checkpoints" / "demo.yaml").read_text())["gpt"]
 DEMO_LIMITS = DataLimits(DEMO_GPT["max_text_tokens"], DEMO_GPT["max_mel_tokens"])

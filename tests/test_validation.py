@@ -32,7 +32,7 @@ def _no_fault_injection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def run_main(out: Path, *args: str) -> tuple[int, str]:
     """main() as the script runs it: argparse's exit and an unexpected exception become a status."""
-    from trainers.train_gpt_v2 import main
+    from trainers.main import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -146,15 +146,15 @@ def test_lr_out_of_range_is_refused_by_the_range_check(tmp_path, demo_assets):
 
 
 def test_every_flag_of_the_readme_table_is_a_whole_flag_name():
-    """The flag table of the README (the community trainer's flags and ours) against the parser, which
+    """The flag table of docs/flags.md (the community trainer's flags and ours) against the parser, which
     no longer completes abbreviations: a flag missing from the parser would now be refused."""
     import re
 
     from trainers.config.flags import build_parser
 
     known = {s for action in build_parser()._actions for s in action.option_strings}
-    text = (REPO / "README.md").read_text()
-    table = text[text.index("### Flags"):text.index("## Bad settings and inputs")]
+    text = (REPO / "docs" / "flags.md").read_text()
+    table = text[text.index("## Flags"):text.index("## Bad settings and inputs")]
     flags = {f for line in table.splitlines() if line.startswith("| `--")
              for f in re.findall(r"--[a-z0-9-]+", line.split(" | ")[0])}
     assert len(flags) > 40 and "--lr" in flags

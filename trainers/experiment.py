@@ -30,13 +30,14 @@ import sentencepiece as spm
 import torch
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointManager
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.data.data_order import StepPlan
 from trainers.data.features import FeatureDataset, FeatureSpec
 from trainers.data.loader import StepLoader
 from trainers.data.manifest import DataLimits, ManifestError, load_manifests, parse_manifest_spec
 from trainers.errors import UserError
+from trainers.main import main
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import GPTWeights
 from trainers.training.evaluation import batch_loss_sums
@@ -88,9 +89,7 @@ class ExperimentManager:
     def resume_training(self, num_epochs: int | None = None, batch_size: int | None = None,
                         scale_lr: str | None = None, reconfigure_scheduler: bool = False,
                         train_samples: int | None = None, extra_flags: Sequence[str] = ()) -> int:
-        """Continue the run through the trainer's own entry point; returns its exit status (0: finished)."""
-        from trainers.train_gpt_v2 import main
-
+        """Continue the run through the trainer's own main(); returns its exit status (0: finished)."""
         argv = ["--resume", "auto", "--output-dir", str(self.run_dir)]
         if num_epochs is not None:
             argv += ["--additional-epochs", str(num_epochs)]

@@ -1,11 +1,16 @@
-"""Small file helpers shared by every module that writes next to the checkpoints."""
+"""Generic file helpers, at the bottom of the package (tests/test_layers.py): durable directory
+entries, atomic text writes, which file a name is, checksums, and the OSError behind an exception."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def write_text_atomically(path: Path, text: str) -> None:
@@ -37,3 +42,36 @@ def file_sha256(path: Path) -> str:
 
 def dict_sha256(d: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def fsync_dir(directory: Path) -> None:
+    """Persist directory entries (renames, new links) to disk."""
+    if os.name != "posix":
+        return  # Directories cannot be opened for fsync on Windows.
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        # Some network/fuse filesystems reject fsync on directories; the
+        # rename itself is still atomic there, only its durability is weaker.
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        logger.debug("Filesystem does not support fsync on directory %s", directory)
+    finally:
+        os.close(fd)
+
+
+def os_error_in_chain(exc: BaseException) -> OSError | None:
+    """The ``OSError`` (disk full, permissions) that ``exc`` is or was caused by, if any.
+
+    torch's serializer may report a failed write as a ``RuntimeError`` raised while handling
+    the ``OSError``; a trainer that maps write failures to an exit status should look here
+    rather than at the type alone."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

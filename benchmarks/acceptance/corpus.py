@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from tests.demo_runs import REPO
-from tools.tokenizer import sp_model_proto as proto
+from trainers.tools.tokenizer import sp_model_proto as proto
 from trainers.model.gpt_model import GPTConfig
 from trainers.model.layout import CONDITION_LEN, PREFIX_LEN
 

@@ -12,12 +12,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointEvent, CheckpointManager, os_error_in_chain
 from trainers.checkpoint.save_mode import choose_save_mode
 from trainers.checkpoint.snapshot import buffer_sizes
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.checkpoint.writer import CheckpointWriter
 from trainers.errors import CheckpointWriteError, HostMemoryError, TrainingDiverged
+from trainers.files import os_error_in_chain
 from trainers.hardware.host_memory import host_memory
+from trainers.torch_files import CheckpointEvent
 
 log = logging.getLogger("train")
 

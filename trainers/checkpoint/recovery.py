@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointError, CheckpointManager, _fsync_dir
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.errors import UserError
-from trainers.files import file_identity
+from trainers.files import file_identity, fsync_dir
+from trainers.torch_files import CheckpointError
 
 log = logging.getLogger("train")
 
@@ -142,7 +143,7 @@ def set_aside(run_dir: Path, damaged: list[tuple[Path, str]], intact: Path) -> l
     except OSError as err:
         raise UserError(f"could not move a damaged checkpoint in {manager.run_dir} aside ({err}); move the "
                         "checkpoints named above out of the run directory yourself, then resume again") from None
-    _fsync_dir(manager.run_dir)
+    fsync_dir(manager.run_dir)
     return damaged
 
 

@@ -31,8 +31,8 @@ from typing import Any, Mapping
 import torch
 
 from trainers.checkpoint import integrity
-from trainers.checkpoint.files import CheckpointError, load_checkpoint
 from trainers.config.settings import TrainConfig, saved_settings
+from trainers.torch_files import CheckpointError, load_checkpoint
 
 FORMAT_PREFIX = "indextts2-gpt-trainer/"
 VERSION = 3

@@ -33,8 +33,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from trainers.checkpoint.files import CheckpointManager
 from trainers.checkpoint.snapshot import SnapshotBuffers, buffer_sizes, snapshot, to_host
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.errors import HostMemoryError
 
 logger = logging.getLogger(__name__)

@@ -155,9 +155,16 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
 
 
-def _data_root(text: str) -> tuple[str, str]:
-    from trainers.run.portable import parse_data_root  # torch-free
+def parse_data_root(text: str) -> tuple[str, str]:
+    """'OLD=NEW' -> (absolute OLD, absolute NEW); raises ValueError with what is wrong."""
+    old, sep, new = text.partition("=")
+    if not sep or not old.strip() or not new.strip():
+        raise ValueError(f"expected OLD=NEW (a folder the run's saved paths start with, and where it is now), "
+                         f"got {text!r}")
+    return os.path.abspath(old), os.path.abspath(new)
 
+
+def _data_root(text: str) -> tuple[str, str]:
     try:
         return parse_data_root(text)
     except ValueError as exc:

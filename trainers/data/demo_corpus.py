@@ -13,13 +13,10 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
-
-if TYPE_CHECKING:
-    from trainers.data.demo_data import DemoCorpusSpec
 
 TOKENIZER_NAME = "bpe.model"
 FEATURES_DIR = "features"
@@ -46,6 +43,19 @@ WORDS: tuple[str, ...] = (
     "and", "but", "because", "while", "again", "today", "tomorrow", "softly", "quickly", "together",
     "yesterday", "always", "never", "somewhere", "everyone", "nothing", "beautiful", "wonderful", "strange", "gentle",
 )
+
+
+@dataclass(frozen=True)
+class DemoCorpusSpec:
+    """Shape and size of the synthetic corpus."""
+
+    model_dim: int = 64  # condition/emo_vec width; must equal the demo model's model_dim
+    vocab_size: int = 160  # SentencePiece vocabulary size
+    num_codes: int = 128  # codes are 0..num_codes-1; start/stop mel tokens come after
+    num_train: int = 384
+    num_val: int = 48
+    num_speakers: int = 4
+    seed: int = 1234
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainers.data.demo_corpus import (
-    FEATURES_DIR, MAX_PATTERN, TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME, corpus_alphabet, generate,
+from trainers.data.demo_corpus import (  # DemoCorpusSpec lives with the corpus it shapes; imported from here too
+    FEATURES_DIR, MAX_PATTERN, TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME, DemoCorpusSpec, corpus_alphabet,
+    generate,
 )
 
 logger = logging.getLogger(__name__)
@@ -34,19 +35,6 @@ READY_NAME = "READY"
 _OWNED_ENTRIES = frozenset(
     {READY_NAME, TOKENIZER_NAME, FEATURES_DIR, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME}
 )
-
-
-@dataclass(frozen=True)
-class DemoCorpusSpec:
-    """Shape and size of the synthetic corpus."""
-
-    model_dim: int = 64  # condition/emo_vec width; must equal the demo model's model_dim
-    vocab_size: int = 160  # SentencePiece vocabulary size
-    num_codes: int = 128  # codes are 0..num_codes-1; start/stop mel tokens come after
-    num_train: int = 384
-    num_val: int = 48
-    num_speakers: int = 4
-    seed: int = 1234
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from trainers.data.data_order import StepPlan
 from trainers.data.features import TRAILING_RUN_WARN, Batch, FeatureDataset, collate_batch, trailing_run_length
-from trainers.training.stop_signals import ignore_stop_signals
+from trainers.stop_signals import ignore_stop_signals
 
 log = logging.getLogger("train")
 

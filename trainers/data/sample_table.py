@@ -15,7 +15,7 @@ import os
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence, overload
+from typing import Callable, Iterator, Sequence, overload
 
 import numpy as np
 
@@ -140,9 +140,11 @@ class TableBuilder:
 class SampleTable(Sequence[Sample]):
     """Read-only samples; `table[i]` is the Sample of index i, the columns are numpy arrays."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], backing: Path | None = None) -> None:
+    def __init__(self, arrays: dict[str, np.ndarray], backing: Path | None = None,
+                 reopen: Callable[[Path], SampleTable] | None = None) -> None:
         self.arrays = arrays
         self.backing = backing  # the cache file the arrays are mapped from, if any
+        self.reopen = reopen  # maps `backing` again (table_file.map_table: the reader, which imports this module)
         self.ids, self.files, self.folders, self.speakers = (
             StringPool(arrays[f"{n}_data"], arrays[f"{n}_offsets"]) for n in ("id", "file", "folder", "speaker_name"))
         self.manifest_names = StringPool(arrays["manifest_name_data"], arrays["manifest_name_offsets"]).strings()
@@ -200,9 +202,9 @@ class SampleTable(Sequence[Sample]):
                 for c in found[np.argsort(first)]}  # in order of first appearance, as a loop over samples gives
 
     def __reduce__(self):
-        if self.backing is not None:  # a spawned loader worker maps the same file instead of a pickled copy
-            from trainers.data.table_file import map_table
-            return map_table, (self.backing,)
+        # A spawned loader worker maps the same file instead of receiving a pickled copy.
+        if self.backing is not None and self.reopen is not None:
+            return self.reopen, (self.backing,)
         return SampleTable, (self.arrays,)
 
     @classmethod

@@ -108,7 +108,7 @@ def map_file(path: Path, verify: bool = False,
     if verify and hashlib.sha256(memoryview(mapped)[body:]).hexdigest() != header.get("body_sha256"):
         raise TableFileError("its contents do not match their checksum (damaged)")
     arrays = _arrays(mapped, body, header, {**_DTYPES, **{n: "<i8" for n in extras}})
-    table = SampleTable({n: arrays[n] for n in _DTYPES}, backing=Path(path))
+    table = SampleTable({n: arrays[n] for n in _DTYPES}, backing=Path(path), reopen=map_table)
     if verify:
         check_consistent(table)
     return header, table, {n: arrays[n] for n in extras}

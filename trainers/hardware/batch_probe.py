@@ -16,11 +16,11 @@ from typing import Callable
 
 import torch
 
+from trainers.faults import OomInjector
 from trainers.files import write_text_atomically
-from trainers.training.faults import OomInjector
-from trainers.model.layout import CONDITION_LEN
-from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
 from trainers.hardware.oom_recovery import is_out_of_memory, release_memory
+from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
+from trainers.model.layout import CONDITION_LEN
 
 log = logging.getLogger("train")
 

@@ -15,14 +15,14 @@ import torch
 
 from trainers.config.settings import TrainConfig
 from trainers.data.sample_table import SampleTable
+from trainers.faults import OomInjector
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.hardware.detect import (
     CPU_MICRO_BATCH, BatchSplit, Hardware, auto_workers, choose_split, configure_device, split_for,
 )
-from trainers.hardware.precision import AmpChoice, choose_amp
 from trainers.hardware.oom_recovery import OutOfMemoryStop, halved
+from trainers.hardware.precision import AmpChoice, choose_amp
 from trainers.model.gpt_model import UnifiedVoiceGPT
-from trainers.training.faults import OomInjector
 
 log = logging.getLogger("train")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from trainers.checkpoint.files import atomic_torch_save
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+from trainers.torch_files import atomic_torch_save
 
 BASE_NAME = "base_gpt.pth"
 

@@ -20,9 +20,9 @@ from typing import Iterable, Mapping
 import torch
 from torch import nn
 
-from trainers.checkpoint.files import CheckpointError, load_checkpoint
 from trainers.errors import UserError
 from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.torch_files import CheckpointError, load_checkpoint
 
 log = logging.getLogger(__name__)
 

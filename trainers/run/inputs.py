@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
+from trainers.config.config_yaml import read_config_yaml
 from trainers.config.settings import TrainConfig
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.feature_fit import check_features_fit
@@ -49,15 +49,7 @@ class RunInputs:
 
 
 def read_model_yaml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise UserError(f"--config {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"--config {path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
-        raise UserError(f"--config {path}: no 'gpt' section; pass the IndexTTS2 config.yaml")
+    data = read_config_yaml(path, f"--config {path}", "pass the IndexTTS2 config.yaml")
     # Checked as soon as it is read: --demo builds its corpus from these values before the model config is.
     # number_text_tokens may be absent: the tokenizer's size replaces it.
     _raise_config_problems(path, GPTConfig.section_problems(data["gpt"], supplied=("number_text_tokens",))

@@ -88,15 +88,6 @@ def relative_inside(path: str, directory: Path) -> str | None:
     return str(Path(*p[len(d):])) if len(p) > len(d) and p[:len(d)] == d else None
 
 
-def parse_data_root(text: str) -> tuple[str, str]:
-    """'OLD=NEW' -> (absolute OLD, absolute NEW); raises ValueError with what is wrong."""
-    old, sep, new = text.partition("=")
-    if not sep or not old.strip() or not new.strip():
-        raise ValueError(f"expected OLD=NEW (a folder the run's saved paths start with, and where it is now), "
-                         f"got {text!r}")
-    return os.path.abspath(old), os.path.abspath(new)
-
-
 # ---------------------------------------------------------------- inputs.json
 
 

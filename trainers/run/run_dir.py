@@ -23,13 +23,14 @@ from typing import Any
 import yaml
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointError, CheckpointManager
 from trainers.checkpoint.recovery import newest_intact
+from trainers.checkpoint.step_files import CheckpointManager
 from trainers.config.flags import CommandLine
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
 from trainers.files import file_identity, write_text_atomically
+from trainers.torch_files import CheckpointError
 
 log = logging.getLogger("train")
 

@@ -53,8 +53,8 @@ from trainers.data.features import FeatureError
 from trainers.errors import EXIT_OUT_OF_MEMORY, DistributedFailure, UserError
 from trainers.hardware.detect import split_for
 from trainers.hardware.oom_recovery import is_out_of_memory, oom_message
+from trainers.stop_signals import STOP_SIGNALS, StopRequest, ignore_stop_signals
 from trainers.training.collective_wait import await_works, lost_contact
-from trainers.training.stop_signals import STOP_SIGNALS, StopRequest, ignore_stop_signals
 from trainers.training.gradient_sum import wrap_for_gradient_sum
 from trainers.training.rank_zero import MainRankCheckpoints
 from trainers.training.train_log import StepMetrics

@@ -13,9 +13,8 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm import tqdm
 
-from trainers.checkpoint.files import os_error_in_chain
 from trainers.errors import LogWriteError
-from trainers.files import write_text_atomically
+from trainers.files import os_error_in_chain, write_text_atomically
 
 log = logging.getLogger("train")
 

@@ -8,6 +8,7 @@ and the next export into the same directory is not refused.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainers.errors import UserError
-from trainers.files import file_sha256, write_text_atomically
+from trainers.files import file_sha256, fsync_dir, write_text_atomically
 
 RECORD_NAME = "export.json"
 RECORD_FORMAT = "indextts2-gpt-export/1"
@@ -105,17 +106,6 @@ def _write_temporary(out: Path, name: str, write: Callable[[Any], None]) -> tupl
     return tmp, file_sha256(tmp)
 
 
-def _fsync_dir(path: Path) -> None:
-    if os.name == "posix":
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass  # some filesystems refuse; the renames are still atomic
-        finally:
-            os.close(fd)
-
-
 def write_export(out: Path, files: dict[str, Callable[[Any], None]], record: Record | None,
                  info: dict[str, Any]) -> dict[str, str]:
     """Write `files` (name -> writer of its bytes) into `out` atomically; returns their sha256."""
@@ -139,7 +129,8 @@ def write_export(out: Path, files: dict[str, Callable[[Any], None]], record: Rec
     _write_record(out, info, kept, pending=new)
     for name, (tmp, _) in temps.items():
         os.replace(tmp, out / name)
-    _fsync_dir(out)
+    with contextlib.suppress(OSError):  # a filesystem may refuse; the renames are still atomic
+        fsync_dir(out)
     for name in kept:
         if name not in files:
             (out / name).unlink(missing_ok=True)

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-import yaml
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointError, load_checkpoint
+from trainers.config.config_yaml import read_config_yaml
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.errors import UserError
 from trainers.files import file_sha256
@@ -25,7 +24,8 @@ from trainers.model.vocabulary import tokenizer_size
 from trainers.model.weights import (
     CARRIED_PREFIXES, MODEL_NAMESPACES, split_state_dict, state_dict_of, strip_module_prefix,
 )
-from tools.export_output import RECORD_NAME
+from trainers.tools.export_output import RECORD_NAME
+from trainers.torch_files import CheckpointError, load_checkpoint
 
 GPT_NAME = "gpt.pth"
 CONFIG_NAME = "config.yaml"
@@ -141,20 +141,6 @@ class Inference:
     notes: list[str]
 
 
-def read_yaml(path: Path, hint: str) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: file not found; {hint}") from None
-    except OSError as exc:
-        raise UserError(f"{path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("gpt"), dict):
-        raise UserError(f"{path}: no 'gpt' section; pass the IndexTTS2 config.yaml the checkpoint was trained with")
-    return data
-
-
 def text_tokens_of(source: Source) -> int:
     if source.checkpoint is not None:
         return source.checkpoint.text_tokens
@@ -174,7 +160,8 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
     else:
         raise UserError(f"{source.path} is an official gpt.pth, which records no config: pass --config with the "
                         "IndexTTS2 config.yaml that belongs to it")
-    data = read_yaml(config_path, "pass --config with the IndexTTS2 config the checkpoint was trained with")
+    data = read_config_yaml(config_path, f"--config {config_path}" if config_flag is not None else str(config_path),
+                            "pass --config with the IndexTTS2 config.yaml the checkpoint was trained with")
     text_tokens = text_tokens_of(source)
     try:
         gpt = GPTConfig.from_yaml_section(data["gpt"], number_text_tokens=text_tokens)
@@ -253,7 +240,6 @@ def inference_config(data: dict[str, Any], text_tokens: int, tokenizer_name: str
     out["dataset"] = {**(data.get("dataset") or {}), "bpe_model": tokenizer_name}
     out["gpt_checkpoint"] = GPT_NAME
     return out
-
 
 
 def listed(items: list[str]) -> list[str]:

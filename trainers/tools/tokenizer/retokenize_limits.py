@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retokenize_errors import Refusal
+from trainers.tools.tokenizer.retokenize_errors import Refusal
 
 START_TEXT_TOKEN, STOP_TEXT_TOKEN = 0, 1  # official config; --config may say otherwise
 PREFIX_POSITIONS = 34  # 32 conditioning vectors + 2 speed embeddings

@@ -1,6 +1,6 @@
 """Finding checkpoints in a run directory, for the tools (export, inspect, plots) that read finished or running runs.
 
-    latest.pth          the newest complete checkpoint (trainers/checkpoint/files.py)
+    latest.pth          the newest complete checkpoint (trainers/checkpoint/step_files.py)
     model_step{N}.pth   the last --keep-checkpoints checkpoints
     best.pth            the checkpoint with the best validation loss (written by the trainer from a
                         later version on; absent in older runs)
@@ -11,10 +11,9 @@ import logging
 import re
 from pathlib import Path
 
-from trainers.checkpoint.files import CheckpointManager
+from trainers.checkpoint.step_files import BEST_NAME, CheckpointManager
 from trainers.errors import UserError
 
-BEST_NAME = "best.pth"
 STEP = re.compile(r"^(0|[1-9][0-9]*)$")
 WHICH_HELP = "for a run directory: latest (default: the newest complete checkpoint), best, or a step number"
 
@@ -28,7 +27,7 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
     """
     if not run_dir.is_dir():
         return None
-    logger = logging.getLogger("trainers.checkpoint.files")
+    logger = logging.getLogger(CheckpointManager.__module__)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:

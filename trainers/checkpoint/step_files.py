@@ -1,4 +1,4 @@
-"""Crash-safe checkpoint writing, rotation and resume discovery.
+"""A run directory's checkpoint files: saving the next one, latest.pth, rotation, finding the newest.
 
 Layout of a run directory:
 
@@ -13,146 +13,29 @@ Layout of a run directory:
   (trainers/checkpoint/recovery.py); resume, rotation and cleanup ignore it.
 
 Every file becomes visible under its final name only through ``os.replace``
-after its bytes were fsynced, so a process killed at any moment leaves either
+after its bytes were fsynced (trainers/torch_files.py), so a process killed at any moment leaves either
 the previous checkpoint or the new one, never a partial file.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
-import torch
+from trainers.files import fsync_dir
+from trainers.torch_files import CheckpointEvent, atomic_torch_save, temp_path
 
 logger = logging.getLogger(__name__)
 
 LATEST_NAME = "latest.pth"
 BEST_NAME = "best.pth"  # the checkpoint of the best validation so far: never rotated, never resumed by "auto"
 
-# (event, step). Events, in order: "tmp_written", "renamed", "linked".
-CheckpointEvent = Callable[[str, int], None]
-
 # Strict: no leading zeros, so "model_step01.pth" cannot alias step 1.
 _STEP_FILE_RE = re.compile(r"^model_step(0|[1-9][0-9]*)\.pth$")
 _TEMP_FILE_RE = re.compile(r"^\.(?:model_step(?:0|[1-9][0-9]*)|latest|best)\.pth\.tmp-[0-9]+$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, unreadable or not a checkpoint."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        self.path, self.reason = Path(path), reason
-        super().__init__(f"could not load checkpoint {path}: {reason}; resume from an older model_step*.pth in "
-                         f"{Path(path).parent} or pass another checkpoint path")
-
-
-def _temp_path(path: Path) -> Path:
-    # Same directory as the target so os.replace never crosses filesystems.
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Persist directory entries (renames, new links) to disk."""
-    if os.name != "posix":
-        return  # Directories cannot be opened for fsync on Windows.
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as err:
-        # Some network/fuse filesystems reject fsync on directories; the
-        # rename itself is still atomic there, only its durability is weaker.
-        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        logger.debug("Filesystem does not support fsync on directory %s", directory)
-    finally:
-        os.close(fd)
-
-
-def _emit(on_event: CheckpointEvent | None, event: str, step: int) -> None:
-    if on_event is not None:
-        on_event(event, step)
-
-
-def _write_durably(obj: Any, tmp: Path) -> None:
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        # An ordinary failure (disk full, unpicklable object) should not
-        # leave a stray temp file behind; a SIGKILL cannot get here.
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_torch_save(
-    obj: Any,
-    path: Path,
-    *,
-    step: int = -1,
-    on_event: CheckpointEvent | None = None,
-) -> None:
-    """Write ``obj`` to ``path`` so that ``path`` is either old or complete.
-
-    Emits "tmp_written" once the temp file is fsynced and "renamed" once it is
-    in place under ``path``. An exception raised by ``on_event`` is treated
-    like a kill at that point: the temp file is left for
-    ``CheckpointManager.clean_stale_temporaries``.
-    """
-    path = Path(path)
-    tmp = _temp_path(path)
-    _write_durably(obj, tmp)
-    _emit(on_event, "tmp_written", step)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-    _emit(on_event, "renamed", step)
-
-
-def load_checkpoint(path: Path, mmap: bool = False) -> dict:
-    """Load a checkpoint (or any torch file holding a dict) on CPU with ``weights_only=True``.
-
-    Raises CheckpointError naming the file and the reason for any failure; callers that read
-    files the user named (a base checkpoint, a file to inspect) phrase their own advice from
-    ``CheckpointError.reason``. With ``mmap`` tensors are mapped from the file instead of read,
-    so a reader that needs only the metadata of a multi-GB checkpoint reads a few kilobytes.
-    """
-    path = Path(path)
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except FileNotFoundError:
-        raise CheckpointError(path, "file not found") from None
-    except IsADirectoryError:
-        raise CheckpointError(path, "is a directory, not a .pth file") from None
-    except Exception as err:  # truncated or corrupt file, or one that needs pickled code
-        # First sentence only: torch's weights_only message goes on to advise weights_only=False.
-        first = re.split(r"(?<=\.)\s", (str(err).strip().splitlines() or [""])[0])[0]
-        raise CheckpointError(path, f"cannot be read with torch.load(weights_only=True) ({type(err).__name__}: "
-                                    f"{first}); the file may be truncated or corrupt") from None
-    if not isinstance(obj, dict):
-        raise CheckpointError(path, f"holds a {type(obj).__name__}, not a state dict or checkpoint")
-    return obj
-
-
-def os_error_in_chain(exc: BaseException) -> OSError | None:
-    """The ``OSError`` (disk full, permissions) that ``exc`` is or was caused by, if any.
-
-    torch's serializer may report a failed write as a ``RuntimeError`` raised while handling
-    the ``OSError``; a trainer that maps write failures to an exit status should look here
-    rather than at the type alone."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, OSError):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _parse_step(name: str) -> int | None:
@@ -220,7 +103,8 @@ class CheckpointManager:
             target = self.step_path(step)
             atomic_torch_save(state, target, step=step, on_event=self.on_event)
             self.point_latest_at(target)
-            _emit(self.on_event, "linked", step)
+            if self.on_event is not None:
+                self.on_event("linked", step)
         self._rotate()
         return target
 
@@ -288,14 +172,14 @@ class CheckpointManager:
     def point_latest_at(self, target: Path) -> None:
         """Atomically make latest.pth refer to ``target`` without copying bytes."""
         latest = self.latest_path()
-        link_tmp = _temp_path(latest)
+        link_tmp = temp_path(latest)
         link_tmp.unlink(missing_ok=True)
         self._make_link(target, link_tmp)
         os.replace(link_tmp, latest)
         # rename() between two names of one inode succeeds without doing
         # anything, which would leave the temp name behind.
         link_tmp.unlink(missing_ok=True)
-        _fsync_dir(self.run_dir)
+        fsync_dir(self.run_dir)
 
     def _make_link(self, target: Path, link: Path) -> None:
         if self._hardlinks_ok:

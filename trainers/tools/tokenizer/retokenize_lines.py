@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from retokenize_front_end import Tokenizer
-from retokenize_limits import Limits
+from trainers.tools.tokenizer.retokenize_front_end import Tokenizer
+from trainers.tools.tokenizer.retokenize_limits import Limits
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.files import CheckpointError, load_checkpoint
 from trainers.errors import UserError
+from trainers.torch_files import CheckpointError, load_checkpoint
 
 
 def verify(path: Path) -> dict[str, Any]:

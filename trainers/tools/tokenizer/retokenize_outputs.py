@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from new_files import create_beside
-from retokenize_lines import Line, Plan
+from trainers.tools.tokenizer.new_files import create_beside
+from trainers.tools.tokenizer.retokenize_lines import Line, Plan
 
 IDS_DIR = "text_ids"
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import sentencepiece as spm
 
-from retokenize_errors import Refusal
+from trainers.tools.tokenizer.retokenize_errors import Refusal
 
 CJK_RANGES = ((0x1100, 0x11FF), (0x2E80, 0xA4CF), (0xA840, 0xD7AF), (0xF900, 0xFAFF),
               (0xFE30, 0xFE4F), (0xFF65, 0xFFDC), (0x20000, 0x2FFFF))

@@ -1,0 +1,147 @@
+"""Export a checkpoint for IndexTTS2 inference: gpt.pth in the upstream layout, its config.yaml and tokenizer.
+
+    python tools/export_checkpoint.py runs/my_voice --out exports/my_voice [--which latest|best|STEP] [--dtype fp16]
+    python tools/export_checkpoint.py runs/my_voice/model_step4000.pth --out exports/step4000
+    python tools/export_checkpoint.py runs/my_voice --config ~/IndexTTS2/checkpoints/config.yaml --out exports/my_voice
+    python tools/export_checkpoint.py ~/IndexTTS2/checkpoints/gpt.pth --config ~/IndexTTS2/checkpoints/config.yaml \
+        --out exports/official
+
+Writes into the --out directory:
+
+    gpt.pth       {"model": state dict}: the trained tensors (group A) and the conditioning encoders
+                  carried from the base checkpoint (group B), nothing else (no optimizer, no run state),
+                  readable with torch.load(weights_only=True); --dtype casts the floating tensors
+    config.yaml   the full IndexTTS2 config (--config, default: the run directory's copy of the
+                  config the run was trained with), every key kept, with gpt.number_text_tokens of
+                  this run, dataset.bpe_model naming the copied tokenizer and gpt_checkpoint naming
+                  gpt.pth; refused if it lacks a key inference reads (trainers/config/inference_keys.py),
+                  as a trimmed config such as this repository's checkpoints/config.yaml does
+    <tokenizer>   a copy of the run's SentencePiece model, under its own file name
+    export.json   the record of this export: what was exported and the sha256 of every file written
+
+The output directory rule: an export never replaces a file it did not write. A file of one of
+those names may be replaced only if export.json (written by an earlier export into the same
+directory) lists it with the sha256 it still has. Anything else there is left alone; files an
+earlier export wrote and this one does not write again (a tokenizer of another name) are removed.
+
+Every file is written under a temporary name, fsynced and renamed, and export.json lists both the
+old and the new files while the renames happen, so a killed export leaves no half-written file and
+the next export into the same directory is not refused.
+
+What goes into the files is in export_contents.py, the --out directory rule and the atomic
+writes in export_output.py (beside this file).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from trainers.config.inference_keys import other_model_files
+from trainers.errors import UserError
+from trainers.tools.export_contents import (
+    CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, load_source,
+    resolve_inference, select_tensors,
+)
+from trainers.tools.export_output import check_output, write_export
+from trainers.tools.run_files import WHICH_HELP, checkpoint_path
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# ---------------------------------------------------------------- the export
+
+@dataclass
+class Export:
+    source: Source
+    out: Path
+    dtype: str
+    selection: Selection
+    inference: Inference
+    text_tokens: int
+    files: dict[str, str]
+
+    def lines(self) -> list[str]:
+        sel, inf, out = self.selection, self.inference, self.out
+        tok = inf.tokenizer.name
+        values = sum(t.numel() for t in sel.state.values())
+        lines = [f"exported {self.source.describe()} as {self.dtype} to {out}",
+                 f"  {GPT_NAME}: {len(sel.state)} tensors ({sel.trained} trained, {sel.carried} carried), "
+                 f"{values:,} values",
+                 f"  {CONFIG_NAME}: from {inf.config_source}; gpt.number_text_tokens {self.text_tokens}, "
+                 f"dataset.bpe_model {tok}, gpt_checkpoint {GPT_NAME}",
+                 f"  {tok}: copy of {inf.tokenizer} ({self.text_tokens} pieces)"]
+        lines += [f"note: {n}" for n in inf.notes]
+        if sel.left_out:
+            lines.append(f"left out (upstream's UnifiedVoice does not load them): {', '.join(listed(sel.left_out))}")
+        lines += ["point IndexTTS2 inference at:",
+                  f"  config     {out / CONFIG_NAME}",
+                  f"  gpt        {out / GPT_NAME}",
+                  f"  tokenizer  {out / tok}",
+                  f"config.yaml names every model file by its name in model_dir, like the official one: copy or link "
+                  f"{', '.join(other_model_files(inf.config))} from your IndexTTS2 checkpoints folder into {out}, then use "
+                  f"IndexTTS2(cfg_path=\"{out / CONFIG_NAME}\", model_dir=\"{out}\")"]
+        return lines
+
+
+def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32", config: Path | None = None,
+           tokenizer: Path | None = None) -> Export:
+    path = checkpoint_path(target, which)
+    source = load_source(path)
+    inference = resolve_inference(source, config, tokenizer)
+    selection = select_tensors(source.state, inference.gpt, path)
+    tok_name = inference.tokenizer.name
+    record = check_output(out, [GPT_NAME, CONFIG_NAME, tok_name])
+    state = cast(selection.state, DTYPES[dtype])
+    text_tokens = inference.gpt.number_text_tokens
+    config_text = yaml.safe_dump(inference_config(inference.config, text_tokens, tok_name), sort_keys=False)
+    tokenizer_bytes = inference.tokenizer.read_bytes()
+    ckpt = source.checkpoint
+    info = {"source": str(path.resolve()), "kind": source.kind, "step": ckpt.step if ckpt else None,
+            "run_id": ckpt.run_id if ckpt else None, "dtype": dtype, "text_tokens": text_tokens}
+    try:
+        files = write_export(out, {
+            GPT_NAME: lambda f: torch.save({"model": state}, f),
+            CONFIG_NAME: lambda f: f.write(config_text.encode("utf-8")),
+            tok_name: lambda f: f.write(tokenizer_bytes),
+        }, record, info)
+    except OSError as exc:
+        raise UserError(f"could not write into --out {out}: {exc.strerror or exc}; no file there is half-written"
+                        ) from None
+    return Export(source, out, dtype, selection, inference, text_tokens, files)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Export a checkpoint for IndexTTS2 inference: gpt.pth in the "
+                                                 "upstream layout, config.yaml and the tokenizer, into --out.")
+    parser.add_argument("source", type=Path, help="run directory, a trainer checkpoint (.pth) or an official gpt.pth")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (created if missing)")
+    parser.add_argument("--which", help=WHICH_HELP)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                        help="dtype of the floating tensors (integer buffers are kept); default fp32")
+    parser.add_argument("--config", type=Path,
+                        help="the full IndexTTS2 config.yaml of your checkpoints folder, with every key inference "
+                             "reads (default: the run directory's config.yaml, the config the run was trained with; "
+                             "required for an official gpt.pth and for a run trained with a trimmed config)")
+    parser.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: the one the run recorded; for "
+                                                       "an official gpt.pth the config's dataset.bpe_model)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print("\n".join(result.lines()))
+    except BrokenPipeError:  # output piped into a reader that stopped (e.g. head); the export is done
+        sys.stdout = open(os.devnull, "w")
+    return 0
