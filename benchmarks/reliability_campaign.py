@@ -14,7 +14,7 @@ Parts:
   kills        Two uninterrupted reference runs (background saves off and on; they must agree
                with each other), then --kills trials. Each trial starts a run and SIGKILLs it,
                either after a random wall-clock delay or at an exact point drawn from the
-               fault-injection grammar (trainers/training/faults.py: micro:N:J mid accumulation,
+               fault-injection grammar (trainers/faults.py: micro:N:J mid accumulation,
                step:N, save:N:tmp_written|renamed|linked, validation:N, setup), then resumes it
                with `--resume auto` (killed again 0-2 more times) until it finishes. Delays are
                drawn over the length of the rest of the run, as the reference runs timed it here;

@@ -125,7 +125,7 @@ def write_big_manifest(demo_train: Path, out: Path, lines: int) -> None:
 def trainer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("INDEXTTS_TRAIN_KILL_AT", None)  # trainers.training.faults: never inject a kill here
+    env.pop("INDEXTTS_TRAIN_KILL_AT", None)  # trainers.faults: never inject a kill here
     return env
 
 
