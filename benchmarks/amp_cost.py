@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What --amp and --deterministic cost per training step, on this machine.
 
-    python benchmarks/amp_cost.py [--repeats 5] [--device cpu|cuda] [--threads N] [--variants fp32,bf16,...]
+    python benchmarks/amp_cost.py [--repeats 5] [--device cpu|cuda] [--threads N] [--variants fp32,bf16,...] [--smoke]
 
 At the official width (model_dim 1280, 20 heads, the official vocabularies; 2 layers instead of
 24), random weights and data, 2 samples of 394 positions (the shapes of
@@ -18,7 +18,8 @@ with every round's time. Then the two cross-entropy formulations alone (forward 
 of the mel head's loss over 2 x 257 positions and 8,194 classes). On a shared machine expect
 10-20% noise; the CPU figures say nothing about a GPU, where --device cuda runs the same.
 fp16 autocast on a CPU without fp16 arithmetic is very slow (minutes per step): --variants
-leaves it out (the figures are relative to fp32, which is always run).
+leaves it out (the figures are relative to fp32, which is always run). --smoke runs every variant once at
+width 64 with 1 layer (seconds; tests/test_benchmarks.py): it checks the script, its figures mean nothing.
 """
 from __future__ import annotations
 
@@ -50,9 +51,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    p.add_argument("--smoke", action="store_true",
+                   help="one round at width 64, 1 layer: checks the script runs, measures nothing")
     args = p.parse_args()
     if args.repeats < 3:
         p.error("--repeats must be at least 3")
+    if args.smoke:
+        args.repeats = 1
     args.variants = ["fp32", *(v for v in args.variants.split(",") if v != "fp32")]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -111,7 +116,7 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    cfg = official_width_config()
+    cfg = official_width_config(args.smoke)
     model = UnifiedVoiceGPT(cfg).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = make_batch(cfg, BATCH, device)
@@ -125,8 +130,9 @@ def main() -> int:
                     times[name].append(seconds)
     finally:
         torch.use_deterministic_algorithms(False)
+    width = f"--smoke: width {cfg.model_dim}" if args.smoke else "official width"
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, device {device}, "
-          f"{torch.get_num_threads()} threads; official width, {cfg.layers} layers, batch {BATCH} x 394 positions")
+          f"{torch.get_num_threads()} threads; {width}, {cfg.layers} layers, batch {BATCH} x 394 positions")
     base = statistics.median(times["fp32"])
     for name, values in times.items():
         median = statistics.median(values)

@@ -3,6 +3,7 @@
 
     python benchmarks/ddp_scaling.py [--steps 40] [--repeats 3] [--work-dir DIR]
     python benchmarks/ddp_scaling.py --saves-only --width 256 --layers 4 --steps 20 --save-interval 2
+    python benchmarks/ddp_scaling.py --smoke
 
 Demo model on the CPU (gloo), effective batch 16. The default (3 rounds) takes about 3 minutes on
 a shared 2-core VM. What it does:
@@ -33,6 +34,11 @@ a shared 2-core VM. What it does:
 4. Prints every figure, the medians over the rounds, the machine and `uptime` before and after.
    Exit 0 when every run worked, 2 otherwise. The work directory is deleted unless given.
 
+--smoke (for tests/test_benchmarks.py): one round of 4 steps, a log line and a save every 2 steps, in two
+settings only ("1 proc x 1 thread" and "2 procs, background": each code path of the script once, the
+other two differ from these only by a variable or a flag); it checks the script runs, its figures mean
+nothing.
+
 No GPU figures: this project has had no multi-GPU machine; NCCL is not exercised here.
 """
 from __future__ import annotations
@@ -60,6 +66,7 @@ SETTINGS = {  # name: (processes, threads per process, extra flags)
     "2 procs x 1 thread": (2, 1, ("--no-background-saves",)),
     "2 procs, background": (2, 1, ("--background-saves",)),
 }
+SMOKE = ("1 proc x 1 thread", "2 procs, background")
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,9 +78,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--width", type=int, default=0, help="model_dim of a wider model of the demo's shape (0: the demo)")
     p.add_argument("--layers", type=int, default=0, help="layers of that model (0: the demo's)")
     p.add_argument("--save-interval", type=int, default=10, help="optimizer steps between checkpoints")
+    p.add_argument("--smoke", action="store_true", help="4 steps in 2 of the settings: checks the script runs")
     args = p.parse_args()
     if args.steps < 20 or args.steps % 10 or args.repeats < 1 or args.save_interval < 1:
         p.error("--steps must be a multiple of 10 and at least 20; --repeats and --save-interval at least 1")
+    args.log_interval = 10
+    if args.smoke:
+        args.steps, args.repeats, args.save_interval, args.log_interval = 4, 1, 2, 2
     return args
 
 
@@ -147,12 +158,13 @@ def main() -> int:
         import torch
 
         flags = [*model_flags(work / "assets", args.width, args.layers), "--effective-batch", str(EFFECTIVE),
-                 "--max-steps", str(args.steps), "--log-interval", "10", "--save-interval", str(args.save_interval),
+                 "--max-steps", str(args.steps), "--log-interval", str(args.log_interval),
+                 "--save-interval", str(args.save_interval),
                  "--val-interval", "0", "--max-val-batches", "1", "--keep-checkpoints", "1", "--num-workers", "0"]
         model = f"model_dim {args.width}, {args.layers or 'demo'} layers" if args.width or args.layers else "demo model"
         print(f"torch {torch.__version__}; {model} on the CPU (gloo); effective batch {EFFECTIVE}, {args.steps} steps "
               f"per run, a save every {args.save_interval}, {args.repeats} round(s)")
-        names = [n for n in SETTINGS if SETTINGS[n][0] > 1 or not args.saves_only]
+        names = [n for n in SETTINGS if (SETTINGS[n][0] > 1 or not args.saves_only) and (not args.smoke or n in SMOKE)]
         rates: dict[str, list[float]] = {name: [] for name in names}
         blocks: dict[str, list[float]] = {name: [] for name in names if SETTINGS[name][0] > 1}
         for r in range(args.repeats):

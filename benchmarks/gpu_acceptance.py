@@ -2,12 +2,14 @@
 """One command that proves the GPU paths: every check prints PASS / FAIL / SKIP with its figures, and all of
 it goes to a JSON file.
 
-    python benchmarks/gpu_acceptance.py [--out gpu_acceptance.json] [--only NAME ...] [--dry-run] [--list]
+    python benchmarks/gpu_acceptance.py [--out gpu_acceptance.json] [--only NAME ...] [--dry-run | --smoke] [--list]
 
 On one GPU it runs the checks below in about 10 minutes; the torchrun checks need 2 or more GPUs and are
 skipped with fewer. Without a GPU (or with --dry-run) each GPU check runs its CPU side instead, the same
 code as far as it goes without CUDA (in under a minute), and is reported SKIP with why; the script then
-exits 0 when every CPU side passed. tests/test_gpu_acceptance.py runs that dry run, so the script cannot rot.
+exits 0 when every CPU side passed. --smoke is that dry run with the CPU sides that allow it measuring at
+smaller sizes (about 30 s); tests/test_gpu_acceptance.py and tests/test_benchmarks.py run it (one run for both),
+so the script cannot rot.
 Exit status: 0 every check that ran passed; 1 a check failed; 2 bad flags.
 
 Each check has a time budget (--budget-scale multiplies them); one that runs over fails and the others
@@ -83,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("gpu_acceptance.json"), help="JSON report [gpu_acceptance.json]")
     p.add_argument("--only", action="append", choices=NAMES, metavar="NAME", help="run this check (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="the CPU sides only, even on a GPU machine")
+    p.add_argument("--smoke", action="store_true", help="a dry run measuring at smaller sizes where it can (for the "
+                   "test suite)")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument("--work-dir", type=Path, help="where runs are written; a fresh folder inside it is deleted at "
                    "the end [/dev/shm when it has 40 GB free, else the system's temporary folder]")
@@ -112,14 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     work = Path(tempfile.mkdtemp(prefix="gpu_acceptance-", dir=work_root(args.work_dir)))
-    ctx = Context(work, gpus, torch.cuda.get_device_name(0) if gpus else None, args.dry_run or not gpus,
-                  args.budget_scale)
+    dry_run = args.dry_run or args.smoke or not gpus
+    ctx = Context(work, gpus, torch.cuda.get_device_name(0) if gpus else None, dry_run, args.budget_scale,
+                  smoke=args.smoke)
     report = Report([sys.executable, *sys.argv] if argv is None else ["gpu_acceptance.py", *argv],
-                    {"gpus": gpus, "gpu": ctx.gpu_name, "platform": platform.platform()}, ctx.dry_run)
+                    {"gpus": gpus, "gpu": ctx.gpu_name, "platform": platform.platform()}, ctx.dry_run, args.smoke)
     if not gpus:
         print("gpu_acceptance: no CUDA device: dry run of the CPU-side parts; GPU checks are SKIP with why", flush=True)
-    elif args.dry_run:
-        print(f"gpu_acceptance: --dry-run on {gpus} x {ctx.gpu_name}: the CPU-side parts only", flush=True)
+    elif dry_run:
+        print(f"gpu_acceptance: {'--smoke' if args.smoke else '--dry-run'} on {gpus} x {ctx.gpu_name}: the CPU-side "
+              "parts only", flush=True)
     else:
         print(f"gpu_acceptance: {gpus} x {ctx.gpu_name}; checks needing 2 GPUs are skipped with fewer", flush=True)
     started = time.monotonic()

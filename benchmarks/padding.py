@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How many token slots are real, not padding, in the plain and the length-grouped data order?
 
-    python benchmarks/padding.py [--seed 1234] [--samples 20000]
+    python benchmarks/padding.py [--seed 1234] [--samples 20000] [--smoke]
 
 Padding efficiency = real token slots / padded token slots over one whole epoch (epoch 0 of
 --seed), summed over every micro-batch of every step, the short last step included. A sample
@@ -34,7 +34,8 @@ step's statistics; window 1 has the plain order's steps), and the share of step-
 epoch 0 that share a step again in epoch 1, for the whole corpus and for its first 2,000 samples
 as a small corpus ("whole" sorts each epoch at once).
 
-Exits 0 when grouped reaches 0.90 for both corpora at micro-batch 4 and 8, else 1.
+Exits 0 when grouped reaches 0.90 for both corpora at micro-batch 4 and 8, else 1. --smoke (for
+tests/test_benchmarks.py) takes a synthetic corpus of 2,000 samples and does not judge the target.
 """
 from __future__ import annotations
 
@@ -133,7 +134,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=1234, help="the run seed the orders are drawn with (trainer default)")
     p.add_argument("--samples", type=int, default=20_000, help="size of the synthetic corpus")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"a synthetic corpus of {SMALL_CORPUS} samples, the target not judged: checks the script runs")
     args = p.parse_args()
+    if args.smoke:
+        args.samples = SMALL_CORPUS
 
     corpora = {"demo": demo_lengths(), "synthetic": synthetic_lengths(args.samples)}
     met = True
@@ -166,8 +171,8 @@ def main() -> int:
         print(f"  window {label:>5}: {effs}   {spread}   step-mates kept {kept}{mark}")
 
     print(f"target: grouped >= {TARGET:.2f} at micro-batch {' and '.join(map(str, MICRO_BATCHES))} for both corpora: "
-          f"{'met' if met else 'NOT met'}")
-    return 0 if met else 1
+          f"{'not judged (--smoke)' if args.smoke else 'met' if met else 'NOT met'}")
+    return 0 if met or args.smoke else 1
 
 
 if __name__ == "__main__":

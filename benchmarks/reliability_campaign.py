@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reliability campaign: attack the trainer on the demo config and count what kept its promises.
 
-    python benchmarks/reliability_campaign.py [--seed 1] [--kills 10] [--signals 6] [--quick]
+    python benchmarks/reliability_campaign.py [--seed 1] [--kills 10] [--signals 6] [--quick | --smoke]
                                               [--parts kills,signals,corruptions,inputs]
                                               [--work-dir DIR] [--keep] [--json FILE]
 
@@ -14,7 +14,7 @@ Parts:
   kills        Two uninterrupted reference runs (background saves off and on; they must agree
                with each other), then --kills trials. Each trial starts a run and SIGKILLs it,
                either after a random wall-clock delay or at an exact point drawn from the
-               fault-injection grammar (trainers/training/faults.py: micro:N:J mid accumulation,
+               fault-injection grammar (trainers/faults.py: micro:N:J mid accumulation,
                step:N, save:N:tmp_written|renamed|linked, validation:N, setup), then resumes it
                with `--resume auto` (killed again 0-2 more times) until it finishes. Delays are
                drawn over the length of the rest of the run, as the reference runs timed it here;
@@ -52,6 +52,8 @@ Parts:
 
 --quick trains a 12-step run instead of 40, with 3 kill and 3 signal trials unless given, 4
 corruption and 7 input cases (about 1.5 minutes on a shared 2-core VM; the default about 4).
+--smoke (for tests/test_benchmarks.py) trains 6 steps, with one kill trial (one SIGKILL), one signal
+trial, 2 corruption and 3 input cases: every part once, to check that the script runs.
 The reference runs are built whatever --parts says: every part compares with or copies them.
 The campaign's folder (runs, logs) is made under --work-dir and kept, or in the temporary
 directory and deleted unless --keep.
@@ -95,7 +97,6 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
-INSPECT = REPO / "tools" / "inspect_checkpoint.py"
 FAULT_VARS = ("INDEXTTS_TRAIN_KILL_AT", "INDEXTTS_TRAIN_OOM_ABOVE", "INDEXTTS_TRAIN_OOM_AT",
               "INDEXTTS_TRAIN_NAN_FROM", "INDEXTTS_TRAIN_NAN_WEIGHTS_AT")
 LOCK_NAME = ".trainer.lock"  # its content names the last holder: not part of what a run "has"
@@ -131,6 +132,9 @@ class Plan:
 
 FULL = Plan(steps=40, save_every=5, val_every=10)
 QUICK = Plan(steps=12, save_every=3, val_every=6)
+SMOKE = Plan(steps=6, save_every=2, val_every=3)
+SMOKE_CORRUPTIONS = ("newest: flip a byte in tensor data", "every checkpoint damaged")
+SMOKE_INPUTS = ("unknown flag", "bad JSON on line 3")  # and the two trainers on one directory
 
 
 # ------------------------------------------------------------------------------------------ processes
@@ -374,6 +378,7 @@ class Campaign:
     plan: Plan
     assets: list[str]
     quick: bool
+    smoke: bool = False
     references: dict[str, Reference] = field(default_factory=dict)
     results: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -437,7 +442,7 @@ class Campaign:
         mode = rng.choice(["off", "on", "mixed"])
         trial = self.work / "kills" / f"trial{i:02d}"
         out = trial / "run"
-        kills_wanted = rng.choice([1, 1, 2, 2, 3])
+        kills_wanted = 1 if self.smoke else rng.choice([1, 1, 2, 2, 3])
         invocations: list[Outcome] = []
         problems: list[str] = []
         kills_done = 0
@@ -791,6 +796,8 @@ def corruption_cases(c: Campaign) -> list[tuple[str, Callable[[Path, random.Rand
         keep = {"newest: flip a byte in tensor data", "newest: edit a field, old checksums", "every checkpoint damaged",
                 "latest.pth dangling symlink"}
         cases = [case for case in cases if case[0] in keep]
+    if c.smoke:
+        cases = [case for case in cases if case[0] in SMOKE_CORRUPTIONS]
     return cases
 
 
@@ -1284,13 +1291,15 @@ def run_dir_cases() -> list[InputCase]:
     ]
 
 
-def all_input_cases(quick: bool) -> list[InputCase]:
+def all_input_cases(quick: bool, smoke: bool = False) -> list[InputCase]:
     cases = [*flag_cases(), *config_cases(), *manifest_cases(), *feature_cases(), *base_and_tokenizer_cases(),
              *run_dir_cases()]
     if quick:
         keep = {"negative learning rate", "unknown flag", "bad JSON on line 3", "config not YAML",
                 "tokenizer that is a text file", "resume with another seed"}
         cases = [case for case in cases if case.name in keep]
+    if smoke:
+        cases = [case for case in cases if case.name in SMOKE_INPUTS]
     return cases
 
 
@@ -1316,7 +1325,7 @@ def classify(result: Outcome, needles: tuple[str, ...], untouched: bool, read_la
 def bad_inputs(c: Campaign) -> None:
     assets = dict(zip(c.assets[1::2], map(Path, c.assets[2::2])))
     records = []
-    cases = all_input_cases(c.quick)
+    cases = all_input_cases(c.quick, c.smoke)
     for i, case in enumerate(cases):
         folder = c.work / "inputs" / f"case{i:02d}"
         folder.mkdir(parents=True)
@@ -1552,6 +1561,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--signals", type=int, help="stop-signal trials [6; 3 with --quick]")
     p.add_argument("--quick", action="store_true",
                    help=f"a {QUICK.steps}-step run instead of {FULL.steps}, a few corruption and input cases")
+    p.add_argument("--smoke", action="store_true", help=f"a {SMOKE.steps}-step run, every part once: checks the "
+                   "script runs (seconds, for the test suite)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} [all]")
     p.add_argument("--work-dir", type=Path,
                    help="make the campaign's folder under DIR and keep it (default: a temporary one, deleted)")
@@ -1563,8 +1574,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.parts:
         p.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}" if unknown
                 else "--parts: name at least one part")
-    args.kills = (3 if args.quick else 10) if args.kills is None else args.kills
-    args.signals = (3 if args.quick else 6) if args.signals is None else args.signals
+    if args.quick and args.smoke:
+        p.error("--quick and --smoke: choose one")
+    args.kills = (1 if args.smoke else 3 if args.quick else 10) if args.kills is None else args.kills
+    args.signals = (1 if args.smoke else 3 if args.quick else 6) if args.signals is None else args.signals
     if args.kills < 0 or args.signals < 0:
         p.error("--kills and --signals must be >= 0")
     if args.json is not None and args.json.is_dir():
@@ -1575,7 +1588,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)  # as the trainer subprocesses: in-process resumes compute the same floats
-    plan = QUICK if args.quick else FULL
+    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"reliability_campaign-seed{args.seed}-", dir=args.work_dir))
@@ -1585,7 +1598,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"campaign: seed {args.seed}, parts {', '.join(args.parts)}; demo run of {plan.steps} steps, a checkpoint "
           f"every {plan.save_every}, validation every {plan.val_every}, {plan.accumulation} micro-batches per step; "
           f"work directory {work}", flush=True)
-    campaign = Campaign(work, args.seed, plan, [], args.quick)
+    campaign = Campaign(work, args.seed, plan, [], args.quick, args.smoke)
     try:
         from tests.demo_runs import demo_flags  # the corpus, tokenizer and base checkpoint the tests train on
 
@@ -1629,7 +1642,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\nevery trial kept its promise")
     if args.json is not None:
-        report = {"machine": machine(), "seed": args.seed, "quick": args.quick, "parts": args.parts,
+        report = {"machine": machine(), "seed": args.seed, "quick": args.quick, "smoke": args.smoke,
+                  "parts": args.parts,
                   "plan": vars(plan), "seconds": round(seconds, 1), "work_dir": str(work) if keep else None,
                   "table": [{"part": r.part, "tried": r.tried, "kept": r.kept,
                              "breakdown": dict(r.breakdown), "note": r.note} for r in rows],

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host memory of background checkpoint saves at the official size: computed, and measured on this machine.
 
-    python benchmarks/snapshot_host_memory.py [--scale S] [--workers N]
+    python benchmarks/snapshot_host_memory.py [--scale S] [--workers N] [--smoke]
 
 Computed (no allocation; the official shapes from checkpoints/config.yaml on the meta device):
 the snapshot buffers of the trained weights and AdamW's two moments, what torch's pinned
@@ -12,6 +12,7 @@ mode this machine's available host memory gives the official model with N data-l
 Measured with --scale S > 0 (the first dimension of every trained tensor times S; pageable memory,
 since pinning needs a GPU): a reservation of those buffers (time, growth of this process's resident
 memory against the bytes reserved), then one snapshot into them (time, host memory allocated by it).
+--smoke (for tests/test_benchmarks.py) measures at --scale 0.001: it checks the script runs, in seconds.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks.save_stall import official_shapes, scaled  # noqa: E402
+from benchmarks.save_stall import SMOKE_SCALE, official_shapes, scaled  # noqa: E402
 from trainers.checkpoint.host_blocks import allocated_bytes, reserved_bytes  # noqa: E402
 from trainers.checkpoint.save_mode import choose_save_mode  # noqa: E402
 from trainers.checkpoint.snapshot import SnapshotBuffers, buffer_sizes, snapshot  # noqa: E402
@@ -77,7 +78,10 @@ def main() -> int:
     p.add_argument("--scale", type=float, default=0.0, help="measure a reservation at this fraction of the "
                    "official size (0: computed figures only) [0]")
     p.add_argument("--workers", type=int, default=4, help="data-loader processes for the save-mode choice [4]")
+    p.add_argument("--smoke", action="store_true", help=f"measure at --scale {SMOKE_SCALE}: checks the script runs")
     args = p.parse_args()
+    if args.smoke:
+        args.scale = SMOKE_SCALE
     if not 0 <= args.scale <= 1:
         p.error("--scale must be in [0, 1]")
     torch.set_num_threads(1)

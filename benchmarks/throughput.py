@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Optimizer steps/s and real tokens/s of the demo model: the old data path against the new one.
 
-    python benchmarks/throughput.py [--rounds 3] [--steps 60] [--threads 2]
+    python benchmarks/throughput.py [--rounds 3] [--steps 60] [--threads 2] [--smoke]
 
 Each round trains the demo (`--demo`: the tiny config and the built-in corpus, effective batch
 16, micro-batch auto) from scratch for --steps optimizer steps with dropout 0.1, once per path,
@@ -20,6 +20,9 @@ padding) come from sample_ids.tsv (--log-sample-ids) and the corpus manifest. Th
 interval is left out (warm-up: allocator, first AdamW state). Per path: steps/s and real
 tokens/s over the timed intervals of a round; the medians of the rounds are printed, with
 every round's figure.
+
+--smoke (for tests/test_benchmarks.py): one round of 4 steps per path with one thread and a log
+interval of 2, to check the script runs (seconds); its figures mean nothing.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,16 +46,17 @@ PATHS = {
     "new": ["--data-order", "grouped", "--dropout-masks", "v2"],
 }
 LOG_INTERVAL = 10
+SMOKE = {"rounds": 1, "steps": 4, "threads": 1, "log_interval": 2}
 EFFECTIVE_BATCH = 16
 INTERVAL_LINE = re.compile(r"step (\d+)/\d+ epoch \d+ .* samples/s ([\d.]+)")
 
 
-def run_path(work: Path, name: str, steps: int, threads: int) -> tuple[float, float]:
+def run_path(work: Path, name: str, steps: int, threads: int, log_interval: int = LOG_INTERVAL) -> tuple[float, float]:
     out = work / f"{name}-{time.monotonic_ns()}"
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cmd = [sys.executable, str(TRAINER), "--demo", "--output-dir", str(out), "--max-steps", str(steps),
            "--effective-batch", str(EFFECTIVE_BATCH), "--dropout", "0.1", "--val-interval", "0",
-           "--save-interval", str(steps), "--log-interval", str(LOG_INTERVAL), "--log-sample-ids", *PATHS[name]]
+           "--save-interval", str(steps), "--log-interval", str(log_interval), "--log-sample-ids", *PATHS[name]]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         sys.exit(f"the {name} run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -64,13 +69,13 @@ def run_path(work: Path, name: str, steps: int, threads: int) -> tuple[float, fl
     timed_steps = 0
     for match in INTERVAL_LINE.finditer(done.stderr):
         end, rate = int(match.group(1)), float(match.group(2))
-        if end <= LOG_INTERVAL:
+        if end <= log_interval:
             continue  # warm-up
-        seconds += LOG_INTERVAL * EFFECTIVE_BATCH / rate
-        tokens += sum(tokens_of_step[s] for s in range(end - LOG_INTERVAL + 1, end + 1))
-        timed_steps += LOG_INTERVAL
+        seconds += log_interval * EFFECTIVE_BATCH / rate
+        tokens += sum(tokens_of_step[s] for s in range(end - log_interval + 1, end + 1))
+        timed_steps += log_interval
     if not timed_steps:
-        sys.exit(f"no timed interval in the {name} run: raise --steps above {2 * LOG_INTERVAL}")
+        sys.exit(f"no timed interval in the {name} run: raise --steps above {2 * log_interval}")
     return timed_steps / seconds, tokens / seconds
 
 
@@ -94,18 +99,21 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="one round of 4 steps per path: checks the script runs")
     args = ap.parse_args()
-    import torch
-
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}; "
+    log_interval = LOG_INTERVAL
+    if args.smoke:
+        args.rounds, args.steps, args.threads, log_interval = (SMOKE[k] for k in ("rounds", "steps", "threads",
+                                                                                  "log_interval"))
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {version('torch')}; "
           f"{args.threads} intra-op threads; demo model, effective batch {EFFECTIVE_BATCH}, dropout 0.1, "
-          f"{args.steps} steps per run, first {LOG_INTERVAL} not timed; load {os.getloadavg()[0]:.2f}")
+          f"{args.steps} steps per run, first {log_interval} not timed; load {os.getloadavg()[0]:.2f}")
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in PATHS}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = list(PATHS) if r % 2 == 0 else list(reversed(PATHS))
             for name in order:
-                figures[name].append(run_path(Path(tmp), name, args.steps, args.threads))
+                figures[name].append(run_path(Path(tmp), name, args.steps, args.threads, log_interval))
                 steps, tokens = figures[name][-1]
                 print(f"round {r + 1} {name}: {steps:.2f} steps/s, {tokens:,.0f} real tokens/s")
     print()

@@ -2,6 +2,7 @@
 """What do checkpoint checksums cost: load alone vs load + verify, and the extra work at save time?
 
     python benchmarks/verify_cost.py [--scale 1.0] [--repeats 3] [--work-dir DIR] [--workers N] [--device cpu|cuda]
+                                     [--smoke]
 
 What it does:
 
@@ -26,7 +27,8 @@ What it does:
 5. Prints every figure, the medians, the machine, the hash's speed on one core, the load
    average before and after, and deletes everything it wrote. Exit 0, or 2 when it could not run.
 
-On a shared 2-core VM the full size took about 3 minutes (most of it the three 7.7 GB writes).
+On a shared 2-core VM the full size took about 3 minutes (most of it the three 7.7 GB writes). --smoke (for
+tests/test_benchmarks.py) runs one round at 1/1000 of the size: it checks the script runs, in seconds.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 
 from benchmarks.save_stall import (  # noqa: E402
-    BenchError, Filler, check_room, filesystem_of, load_average, machine, official_shapes, scaled, state_bytes,
+    SMOKE_SCALE, BenchError, Filler, check_room, filesystem_of, load_average, machine, official_shapes, scaled, state_bytes,
 )
 from trainers.checkpoint import integrity, schema  # noqa: E402
 from trainers.checkpoint.checkpointer import Checkpointer  # noqa: E402
@@ -75,9 +77,13 @@ def parse_args() -> argparse.Namespace:
                    help=f"hashing threads [min({integrity.MAX_WORKERS}, cores), as the trainer uses]")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model and optimizer tensors live while saving [cpu]")
+    p.add_argument("--smoke", action="store_true",
+                   help=f"one round at --scale {SMOKE_SCALE}: checks the script runs, measures nothing")
     args = p.parse_args()
     if not 0 < args.scale <= 1 or args.repeats < 3 or (args.workers is not None and args.workers < 1):
         p.error("--scale must be in (0, 1], --repeats at least 3, --workers at least 1")
+    if args.smoke:
+        args.scale, args.repeats = SMOKE_SCALE, 1
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
     return args
@@ -150,9 +156,9 @@ def run(args: argparse.Namespace) -> None:
     print(f"machine: {machine()}")
     print(f"before: {load_average()}")
     print(f"disk: {base} on {filesystem_of(base)}, {shutil.disk_usage(base).free / 1e9:.1f} GB free")
-    probe = torch.randint(0, 256, (256 * 2**20,), dtype=torch.uint8).numpy()
+    probe = torch.randint(0, 256, ((16 if args.smoke else 256) * 2**20,), dtype=torch.uint8).numpy()
     seconds = timed(partial(hashlib.sha256, probe))
-    print(f"{integrity.ALGORITHM} on one core: {len(probe) / 1e9 / seconds:.2f} GB/s (256 MB)")
+    print(f"{integrity.ALGORITHM} on one core: {len(probe) / 1e9 / seconds:.2f} GB/s ({len(probe) // 2**20} MB)")
     del probe
     # The state, then one loaded copy at a time.
     check_room(base, state_bytes(*official_shapes(), args.scale), 1, "the state")

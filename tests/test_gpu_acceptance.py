@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,18 +13,15 @@ import pytest
 from benchmarks import gpu_acceptance
 from benchmarks.acceptance.context import Context
 from benchmarks.acceptance.runner import Check, Outcome, run_check
-from tests.demo_runs import REPO, subprocess_env
+from tests.benchmark_smokes import run_smokes
+from tests.demo_runs import subprocess_env
 
-SCRIPT = REPO / "benchmarks" / "gpu_acceptance.py"
 
-
-def test_the_dry_run_reports_every_check_and_runs_each_gpu_checks_cpu_side(tmp_path):
-    out = tmp_path / "report.json"
-    env = {k: v for k, v in subprocess_env().items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    report = json.loads(out.read_text())
+def test_the_dry_run_reports_every_check_and_runs_each_gpu_checks_cpu_side(tmp_path_factory):
+    # --smoke: the dry run with smaller CPU-side measurements, the run tests/test_benchmarks.py also reads
+    done = run_smokes(["gpu_acceptance.py"], tmp_path_factory.mktemp("benchmark_smokes"))["gpu_acceptance.py"]
+    assert done.returncode == 0, done.output[-3000:]
+    report = json.loads((done.folder / "gpu_acceptance.json").read_text())
     records = {r["name"]: r for r in report["checks"]}
     assert list(records) == gpu_acceptance.NAMES and report["dry_run"] and report["passed"]
     for check in gpu_acceptance.CHECKS:
@@ -35,7 +31,7 @@ def test_the_dry_run_reports_every_check_and_runs_each_gpu_checks_cpu_side(tmp_p
         else:  # skipped with why, after its CPU side passed
             assert record["status"] == "skip" and record["cpu_side"] == "passed", record
             assert record["note"].startswith(("--dry-run", "no CUDA device", "needs 2 GPUs")), record
-    lines = [line for line in done.stdout.splitlines() if line.split(" ")[0] in ("PASS", "FAIL", "SKIP")]
+    lines = [line for line in done.output.splitlines() if line.split(" ")[0] in ("PASS", "FAIL", "SKIP")]
     assert [line.split(" ")[1].rstrip(":") for line in lines] == gpu_acceptance.NAMES
     # The table in the README comes from this check: its rows are all there.
     table = records["gpu_table"]["figures"]

@@ -43,6 +43,7 @@ class Context:
     gpu_name: str | None
     dry_run: bool  # CPU sides only, even where a GPU is present
     budget_scale: float = 1.0
+    smoke: bool = False  # --smoke: a dry run whose CPU sides measure at smaller sizes where they can
     deadline: float = math.inf  # of the check running now (time.monotonic)
     memo: dict[str, Any] = field(default_factory=dict)
     logs: int = 0  # trainer logs written so far, for their file names

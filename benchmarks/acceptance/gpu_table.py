@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -38,6 +39,7 @@ from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
 
 CUDA_CONTEXT = GiB // 2  # the CUDA context and library handles: taken before the probe reads the free memory
 MEASURE_SHARE = 8  # measured at 1/8 of the long lengths, scaled up
+SMOKE_MEASURE_SHARE = 32
 MAX_MICRO_BATCH = 4096  # where the search stops (a measurement of 0 bytes per sample would never end it)
 HOST_CORES = 8  # CPU cores assumed beside the GPU: 4 data-loader processes (half the cores, at most 4)
 # (name, memory as nvidia-smi reports it in MiB, compute capability)
@@ -68,13 +70,18 @@ class Activations:
         return layers * self.weight_copies_per_layer + self.weight_copies_rest
 
 
-def measure_activations(dtype: torch.dtype | None) -> Activations:
-    """Bytes saved for backward at the official width (see the module docstring), on the CPU."""
-    cfg = official_gpt(layers=2)
-    text, codes = LONG_TEXT // MEASURE_SHARE, LONG_CODES // MEASURE_SHARE
+def measure(share: int = MEASURE_SHARE) -> dict[str, Activations]:
+    """Bytes saved for backward in fp32 and under bf16 autocast ("half": fp16 keeps the same), measured at 1/share
+    of the long lengths on one model at the official width with 2 layers."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = UnifiedVoiceGPT(cfg).train()
+        model = UnifiedVoiceGPT(official_gpt(layers=2)).train()
+    return {"fp32": measure_activations(model, None, share), "half": measure_activations(model, torch.bfloat16, share)}
+
+
+def measure_activations(model: UnifiedVoiceGPT, dtype: torch.dtype | None, share: int) -> Activations:
+    """Bytes saved for backward at the official width (see the module docstring), on the CPU."""
+    text, codes = LONG_TEXT // share, LONG_CODES // share
     blocks = model.gpt.h
     saved = {}
     for layers in (1, 2):
@@ -117,7 +124,7 @@ def gpu_row(name: str, mib: int, capability: tuple[int, int], measured: dict[str
     hw = Hardware(torch.device("cuda", 0), gpu, 1, HOST_CORES, 0)
     amp = choose_amp(hw, "auto")
     cfg = official_gpt()
-    trained = sum(p.numel() for p in _meta_model(cfg).parameters()) * 4
+    trained = _trained_bytes()
     act = measured["fp32" if amp.dtype is None else "half"]
     budget = MemoryBudget(int((gpu.total_bytes - trained - CUDA_CONTEXT) * MEMORY_MARGIN), trained)
     seq = positions(LONG_TEXT, LONG_CODES)
@@ -136,8 +143,7 @@ def gpu_row(name: str, mib: int, capability: tuple[int, int], measured: dict[str
 def host_bytes_for_pinned_saves(hw: Hardware) -> int:
     """Host memory available at start for background saves in pinned buffers (trainers/checkpoint/save_mode.py):
     the packed pinned blocks of the official model's trained weights and AdamW moments, plus what the run keeps."""
-    trained, _ = official_shapes()
-    sizes = [(4 * torch.Size(shape).numel(), True) for _, shape in trained] * 3
+    sizes = [(4 * torch.Size(shape).numel(), True) for _, shape in _official_trained_shapes()] * 3
     workers, _ = auto_workers(hw)
     need = reserved_bytes(sizes) + HEADROOM_BYTES + workers * WORKER_BYTES
     chosen = [choose_save_mode(sizes, HostMemory(avail, avail, "computed"), workers).pinned
@@ -147,9 +153,16 @@ def host_bytes_for_pinned_saves(hw: Hardware) -> int:
     return need
 
 
-def _meta_model(cfg) -> UnifiedVoiceGPT:
+@cache
+def _trained_bytes() -> int:
+    """The official model's trained fp32 weights (built on the meta device once: every row needs them)."""
     with torch.device("meta"):
-        return UnifiedVoiceGPT(cfg)
+        return sum(p.numel() for p in UnifiedVoiceGPT(official_gpt()).parameters()) * 4
+
+
+@cache
+def _official_trained_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    return official_shapes()[0]
 
 
 def table(measured: dict[str, Activations]) -> dict[str, dict]:
@@ -157,8 +170,9 @@ def table(measured: dict[str, Activations]) -> dict[str, dict]:
 
 
 def check(ctx: Context) -> Outcome:
-    """The table's rows, and the bytes a sample keeps for backward at the official config (fp32, bf16/fp16)."""
-    measured = {"fp32": measure_activations(None), "half": measure_activations(torch.bfloat16)}
+    """The table's rows, and the bytes a sample keeps for backward at the official config (fp32, bf16/fp16);
+    --smoke measures at a quarter of the usual lengths (seconds less; the figures then differ a little)."""
+    measured = measure(SMOKE_MEASURE_SHARE if ctx.smoke else MEASURE_SHARE)
     cfg, seq = official_gpt(), positions(LONG_TEXT, LONG_CODES)
     figures: dict = table(measured)
     figures["per_sample_gib"] = {key: round(act.per_sample(cfg.layers, seq, False, cfg.model_dim) / GiB, 3)

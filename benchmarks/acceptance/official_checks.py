@@ -3,7 +3,7 @@ checkpointing and --deterministic), the training throughput and model FLOPs util
 out-of-memory error recovered by halving the micro-batch.
 
 On the CPU side of a dry run the same runs use the official config at width 64 and short samples, with
-out-of-memory errors injected (trainers/training/faults.py) so that the probe and the halving run there.
+out-of-memory errors injected (trainers/faults.py) so that the probe and the halving run there.
 """
 from __future__ import annotations
 

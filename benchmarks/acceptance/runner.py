@@ -60,6 +60,7 @@ class Report:
     command: list[str]
     machine: dict[str, Any]
     dry_run: bool
+    smoke: bool = False
     records: list[Record] = field(default_factory=list)
 
     @property
@@ -67,7 +68,8 @@ class Report:
         return all(r.status != "fail" for r in self.records)
 
     def write(self, path: Path) -> None:
-        data = {"command": self.command, "machine": self.machine, "dry_run": self.dry_run, "passed": self.passed,
+        data = {"command": self.command, "machine": self.machine, "dry_run": self.dry_run, "smoke": self.smoke,
+                "passed": self.passed,
                 "checks": [vars(r) for r in self.records]}
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")

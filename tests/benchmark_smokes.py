@@ -1,0 +1,176 @@
+"""Every benchmark's small mode: its command, the figure lines it must print, and a runner that starts the
+scripts as the processes they are, several at a time, each at most once per test session.
+
+A benchmark's small mode (`--smoke`) runs every part of the script once at tiny sizes and prints its figures
+as usual; it judges no timing target (exit 0). tests/test_benchmarks.py runs them all; tests/test_gpu_acceptance.py
+reads the same gpu_acceptance run instead of starting a second one.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.acceptance.context import end_tree
+from tests.demo_runs import REPO, subprocess_env
+
+BENCHMARKS = REPO / "benchmarks"
+TIMEOUT_S = 600  # a whole small mode; the slowest takes about 40 s alone on 2 idle cores
+NUM = r"-?\d+(?:\.\d+)?"
+NUMS = r"-?\d+\.\d+(?:, -?\d+\.\d+)*"
+
+
+@dataclass(frozen=True)
+class Smoke:
+    args: tuple[str, ...]  # after the script; "{out}" is the run's own folder
+    figures: tuple[str, ...]  # regular expressions (multiline): the lines the README quotes figures from
+    seconds: float  # about this long alone on 2 idle cores (the longest are started first)
+    one_thread: bool = True  # OMP_NUM_THREADS=1, as for the trainer processes of the tests (False: as the user has it)
+
+
+SMOKES: dict[str, Smoke] = {
+    "amp_cost.py": Smoke(("--smoke",), (
+        rf"^  fp32 +{NUM} s per step \(1\.00x fp32\)  rounds: {NUMS}$",
+        rf"^  bf16 +{NUM} s per step \({NUM}x fp32\)",
+        rf"^  fp16 +{NUM} s per step \({NUM}x fp32\)",
+        rf"^  fp32 determ\. +{NUM} s per step \({NUM}x fp32\)",
+        rf"cross-entropy alone, forward \+ backward, \d+ x 8194 logits: fused {NUM} ms, gather {NUM} ms"), 6),
+    "dropout_cost.py": Smoke(("--smoke",), (
+        rf"^dropout ops alone, .* batch 2 x 394 .*\n  v2 +median +{NUM} ms.*\n  v1 +median +{NUM} ms.*\n"
+        rf"  F\.dropout +median +{NUM} ms",
+        r"^dropout ops alone, .* batch 8 x 394 ",
+        rf"^training step \(forward, backward, AdamW\), batch 8 .*\n.*\n  none +{NUM} .*\n  v2 +{NUM} .* {NUM}%",
+        rf"^target: v2 adds <= 1\.5x what F\.dropout adds .*ratio {NUM} -> ",
+        rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> "), 7),
+    "padding.py": Smoke(("--smoke",), (
+        rf"^demo: \d+ samples.*\n  micro-batch 4: plain {NUM}   sorted {NUM}   grouped {NUM} .*\n"
+        rf"  micro-batch 8: plain {NUM}   sorted {NUM}   grouped {NUM} ",
+        rf"^synthetic: \d+ samples.*\n  micro-batch 4: plain {NUM} .*\n  micro-batch 8: plain {NUM} ",
+        rf"^  window +16: m4 {NUM}  m8 {NUM} .* tokens/step cv {NUM} .*<- GROUP_WINDOW_STEPS$",
+        rf"^  window +1: .* tokens/step cv {NUM} "), 1),
+    "save_stall.py": Smoke(("--smoke",), (
+        rf"^state: scale {NUM}, \d+ tensors, {NUM} GB of tensor data",
+        rf"^checkpoint file: {NUM} GB; snapshot buffers held: {NUM} GB",
+        rf"^synchronous save, loop blocked \(s\): {NUMS}; median {NUM}$",
+        rf"^background save, loop blocked \(s\): {NUMS}; median {NUM} ",
+        rf"^background write duration \(s\): {NUMS}; median {NUM}:",
+        r"^stand-in training work .* before: \d+%",
+        rf"^blocked time: background {NUM} s = {NUM}% of synchronous {NUM} s"), 4),
+    "snapshot_host_memory.py": Smoke(("--smoke",), (
+        rf"^computed: \d+ buffers, {NUM} GiB",
+        rf"^computed: one pinned buffer per tensor holds {NUM} GiB",
+        rf"^computed: packed pinned blocks take {NUM} GiB, pageable {NUM} GiB",
+        r"^this machine .*: (pinned|pageable|synchronous) saves for the official model",
+        rf"^measured \(--scale {NUM}\): reserved {NUM} GiB for \d+ buffers .* in {NUM} s; resident memory grew "
+        rf"{NUM} GiB",
+        rf"^measured: snapshot into them in {NUM} s, allocating {NUM} GiB more"), 3),
+    "verify_cost.py": Smoke(("--smoke",), (
+        rf"^sha256 on one core: {NUM} GB/s",
+        rf"^file: {NUM} GB \(\d+ tensors\)",
+        rf"^save \(Checkpointer\.save, checksums included\): {NUMS} s; median {NUM} s",
+        rf"^checksums at save \(integrity\.compute\): {NUMS} s; median {NUM} s = \d+% of the save",
+        rf"^load alone \(torch\.load weights_only\): {NUMS} s; median {NUM} s",
+        rf"^load \+ verify \(schema\.read\): {NUMS} s; median {NUM} s",
+        rf"^verification adds {NUM} s to a warm-cache load"), 4),
+    "throughput.py": Smoke(("--smoke",), (
+        rf"^\| old \| {NUM} \| [\d,]+ \| {NUMS} \|$",
+        rf"^\| new \| {NUM} \| [\d,]+ \| {NUMS} \|$",
+        rf"^new / old: steps/s x{NUM}, real tokens/s x{NUM}"), 12),
+    "resume_skip_cost.py": Smoke(("--smoke",), (
+        r"^resume deep: +epoch 1, step \d+ of the epoch, sample offset \d+ \(\d+% of the epoch\)",
+        rf"^sample 0: median wall {NUM} s to first optimizer step \(runs: {NUMS}\); trainer-reported {NUM} s",
+        rf"^deep    : median wall {NUM} s to first optimizer step \(runs: {NUMS}\); trainer-reported {NUM} s",
+        rf"^ratio deep/zero = {NUM} \(target <= 1\.20"), 13),
+    "data_scale.py": Smoke(("--smoke",), (
+        rf"^ +[\d,]+ lines fresh : first step {NUM} s \(wall {NUM} s\); main rss {NUM} GiB pss {NUM} GiB "
+        rf"peak {NUM} GiB",
+        rf"^ +[\d,]+ lines resume: first step {NUM} s \(wall {NUM} s\); main rss {NUM} GiB",
+        rf"^ +[\d,]+ lines resume, \d+ loader workers: first step {NUM} s",
+        rf"^ +[\d,]+ lines ddp fresh, 2 processes: first step {NUM} s; .*; pss together {NUM} GiB",
+        rf"^ +[\d,]+ lines ddp resume, 2 processes: first step {NUM} s; .*; pss together {NUM} GiB",
+        rf"^forked worker reading each of [\d,]+ samples once: private memory .* \(\+{NUM} bytes per sample",
+        rf"fingerprint \(sha256 of the manifest bytes\) {NUM} s; full check .* {NUM} s",
+        rf"^fresh: memory held at the first step grows by {NUM} bytes per sample",
+        rf"^resume: memory held at the first step grows by {NUM} bytes per sample",
+        rf"^resume: the first step comes {NUM} s later",
+        rf"^ddp fresh: PSS per process, .* per sample: {NUM} bytes",
+        rf"^ddp resume: PSS per process, .* per sample: {NUM} bytes"), 38),
+    "ddp_scaling.py": Smoke(("--smoke",), (
+        rf"^  1 proc x 1 thread +{NUM} steps/s  \(1\.00x 1 proc x 1 thread; runs {NUMS}\)",
+        rf"^  2 procs, background +{NUM} steps/s  \({NUM}x 1 proc x 1 thread; runs {NUMS}\)",
+        rf"^  loop blocked per checkpoint save, 2 procs, background: {NUM} s \(runs {NUMS}\)"), 14),
+    "ddp_peer_loss.py": Smoke(("--smoke",), (
+        r"^trial 0: rank 0 SIGKILLed; survivor rank 1 exit -?\d+",
+        r"^  \(-?\d+, (True|False)\): \d+ of \d+$"), 11),
+    "reliability_campaign.py": Smoke(("--smoke",), (
+        r"^references +1 +1  bit-identical 1$",
+        r"^kills +\d+ +\d+  \d+ SIGKILLs landed of \d+ sent \(\d+ at exact points, \d+ after a delay\); "
+        r"resumed bit-identically \d+, differed \d+, failed \d+$",
+        r"^signals +\d+ +\d+  stopped mid-run, resumed bit-identically \d+, .* differed \d+, failed \d+$",
+        r"^corruptions +\d+ +\d+  damage detected by inspect_checkpoint --verify \d+/\d+; fell back, ended "
+        r"bit-identical \d+, refused cleanly \d+, harmless \d+, failed \d+$",
+        r"^inputs +\d+ +\d+  clear error \d+, clear error after start-up \d+, traceback \d+, accepted silently \d+, "
+        r"other \d+$",
+        r"^all +(\d+) +\1$",
+        r"^every trial kept its promise$"), 31),
+    # Its detailed checks are in tests/test_gpu_acceptance.py, on the same run's JSON report.
+    "gpu_acceptance.py": Smoke(("--smoke", "--out", "{out}/gpu_acceptance.json"), (
+        r"^PASS gpu_table: T4 16 GB=\{precision: fp16, micro_batch: \d+, micro_batch_grad_checkpointing: \d+, "
+        r"host_gib_pinned_saves: \d+",
+        r"^SKIP official_throughput: .*samples_per_s_small=",
+        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 35, one_thread=False),
+}
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    script: str
+    returncode: int | None  # None: killed at TIMEOUT_S
+    output: str  # stdout and stderr together
+    seconds: float
+    folder: Path  # the run's own folder (its cwd, "{out}")
+
+
+_done: dict[str, SmokeRun] = {}  # this test session's runs
+
+
+def run_smokes(scripts: list[str], folder: Path, at_once: int = 3) -> dict[str, SmokeRun]:
+    """Each script's small mode, `at_once` at a time, longest first; a script already run in this session is
+    not run again. Every process tree still running when this returns or raises is killed."""
+    todo = sorted((s for s in dict.fromkeys(scripts) if s not in _done), key=lambda s: -SMOKES[s].seconds)
+    running: list[tuple[str, subprocess.Popen, Path, float]] = []
+    try:
+        while todo or running:
+            while todo and len(running) < at_once:
+                running.append(_start(todo.pop(0), folder))
+            time.sleep(0.1)
+            for entry in [r for r in running if r[1].poll() is not None or time.monotonic() - r[3] > TIMEOUT_S]:
+                running.remove(entry)
+                _done[entry[0]] = _finish(*entry)
+    finally:
+        for _, proc, _, _ in running:
+            end_tree(proc)
+    return {s: _done[s] for s in scripts}
+
+
+def _start(script: str, folder: Path) -> tuple[str, subprocess.Popen, Path, float]:
+    out = folder / script.removesuffix(".py")
+    out.mkdir(parents=True, exist_ok=True)
+    smoke = SMOKES[script]
+    env = subprocess_env()
+    if not smoke.one_thread:
+        env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    args = [a.replace("{out}", str(out)) for a in smoke.args]
+    with open(out / "output.log", "w", encoding="utf-8") as log:
+        proc = subprocess.Popen([sys.executable, str(BENCHMARKS / script), *args], cwd=out, env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    return script, proc, out, time.monotonic()
+
+
+def _finish(script: str, proc: subprocess.Popen, out: Path, started: float) -> SmokeRun:
+    over_time = proc.poll() is None
+    end_tree(proc)  # and whatever it started that is still running
+    text = (out / "output.log").read_text(encoding="utf-8", errors="replace")
+    return SmokeRun(script, None if over_time else proc.returncode, text, round(time.monotonic() - started, 1), out)
