@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,22 @@ def test_the_trainer_script_warns_when_it_runs_another_copy_of_the_package(tmp_p
     same = subprocess.run([sys.executable, str(TRAINER_SCRIPT), "--help"], capture_output=True, text=True,
                           timeout=60)
     assert same.returncode == 0 and same.stderr == ""
+
+
+def test_an_installed_copy_without_checkpoints_says_how_to_get_the_default_configs(tmp_path):
+    """`pip install .` copies the package, not checkpoints/ of the clone: --demo and the default --config
+    name what to pass or install, not a site-packages file that never existed."""
+    shutil.copytree(REPO / "trainers", tmp_path / "site" / "trainers",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    for flags in (["--demo"], ["--train-manifest", "t.jsonl", "--val-manifest", "v.jsonl", "--tokenizer", "b.model",
+                               "--base-checkpoint", "gpt.pth"]):
+        done = subprocess.run([sys.executable, "-c", "from trainers.cli import train_command; train_command()",
+                               *flags, "--output-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path, env=env)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "this installed copy of the trainer has no checkpoints/ folder" in done.stderr, done.stderr
+        assert "pip install -e ." in done.stderr
 
 
 def test_ci_runs_exactly_the_readmes_set_up_and_test_command():

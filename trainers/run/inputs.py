@@ -49,12 +49,23 @@ class RunInputs:
 
 
 def read_model_yaml(path: str) -> dict[str, Any]:
-    data = read_config_yaml(path, f"--config {path}", "pass the IndexTTS2 config.yaml")
+    data = read_config_yaml(path, f"--config {path}", _config_advice(Path(path)))
     # Checked as soon as it is read: --demo builds its corpus from these values before the model config is.
     # number_text_tokens may be absent: the tokenizer's size replaces it.
     _raise_config_problems(path, GPTConfig.section_problems(data["gpt"], supplied=("number_text_tokens",))
                            + _misspelt_keys(data["gpt"]))
     return data
+
+
+def _config_advice(path: Path) -> str:
+    """The default --config and --demo's config live in checkpoints/ of a clone, which `pip install .`
+    does not copy beside the package: say so instead of naming a site-packages path that never existed."""
+    clone_configs = Path(__file__).resolve().parents[2] / "checkpoints"
+    if path.parent == clone_configs and not clone_configs.is_dir():
+        return ("this installed copy of the trainer has no checkpoints/ folder (it comes with a clone of the "
+                "repository): pass --config with the IndexTTS2 config.yaml, or for --demo install a clone with "
+                "pip install -e .")
+    return "pass the IndexTTS2 config.yaml"
 
 
 # gpt keys of the official config that only inference uses (the conditioning encoders, the mel front end).
