@@ -13,7 +13,7 @@ so the script cannot rot.
 Exit status: 0 every check that ran passed; 1 a check failed; 2 bad flags.
 
 Each check has a time budget (--budget-scale multiplies them); one that runs over fails and the others
-still run. Tolerances are stated beside each check's code (benchmarks/acceptance/) and in the README.
+still run. Tolerances are stated beside each check's code (benchmarks/acceptance/) and in docs/gpu.md.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def machine(ctx: Context) -> Outcome:
 CHECKS = (
     Check("machine", 0, 10, machine, what="the GPUs, torch and CUDA versions, host memory"),
     Check("gpu_table", 0, 120, gpu_table.check,
-          what="README 'Which GPU, which settings': computed micro-batches, host RAM"),
+          what="docs/gpu.md 'Which GPU, which settings': computed micro-batches, host RAM"),
     Check("cuda_tests", 1, 180, model_checks.cuda_tests, model_checks.cuda_tests_cpu_side,
           "the tests that skip without CUDA, run with pytest"),
     Check("dropout_masks", 1, 120, model_checks.dropout_masks, model_checks.dropout_masks_cpu_side,

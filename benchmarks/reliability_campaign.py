@@ -5,7 +5,7 @@
                                               [--parts kills,signals,corruptions,inputs]
                                               [--work-dir DIR] [--keep] [--json FILE]
 
-The promises under attack (README.md): stopping and resuming never changes the result
+The promises under attack (README.md, docs/reliability.md): stopping and resuming never changes the result
 (bit-identical on the same machine), nothing a user has is ever lost, and bad input gets a
 clear error (exit status 2, naming the flag, file or line), never a traceback.
 

@@ -1,4 +1,4 @@
-"""The README's "Which GPU, which settings" table, computed (no GPU is needed, none is measured).
+"""The "Which GPU, which settings" table of docs/gpu.md, computed (no GPU is needed, none is measured).
 
 For each GPU class: the precision --amp auto picks there (trainers/hardware/precision.py), the micro-batch the
 probe's budget allows at the official config for samples of the corpus's long lengths, without and with

@@ -123,7 +123,7 @@ DEMO_DEFAULTS: dict[str, Any] = {
     "text_loss_weight": 0.2,
     "mel_loss_weight": 0.8,
     "dropout": 0.0,
-    # 384 samples: grouping would keep the same step-mates every epoch (see README, "Data order").
+    # 384 samples: grouping would keep the same step-mates every epoch (see docs/speed.md, "Length-grouped steps").
     "data_order": "random",
     "val_interval": 80,
     "max_val_batches": 8,

@@ -5,8 +5,8 @@ shared/reference/indextts2-gpt.md), so `state_dict()` loads into upstream infere
 The conditioning encoders (group B) are not part of this module: the trainer carries
 their tensors through unchanged (see `trainers.model.weights`).
 
-Two deliberate differences from the upstream training forward, both documented in the
-README and both invisible to inference:
+Two deliberate differences from the upstream training forward, both documented in
+docs/architecture.md and both invisible to inference:
 
 * Layout. Upstream concatenates [prefix | padded text | padded mel], so in a padded batch a
   sample's mel positions attend to its batch-mates' text padding and its loss depends on

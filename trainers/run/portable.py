@@ -49,7 +49,7 @@ INPUTS_FORMAT = "indextts2-gpt-trainer-inputs/1"
 # The run's path settings: (TrainConfig field, flag, fingerprint that verifies it, whether it is a list).
 PATH_INPUTS = (
     ("train_manifests", "--train-manifest", "data", True),
-    ("val_manifests", "--val-manifest", None, True),  # validation only: no fingerprint (see README)
+    ("val_manifests", "--val-manifest", None, True),  # validation only: no fingerprint (see docs/moving_runs.md)
     ("tokenizer", "--tokenizer", "tokenizer", False),
     ("config", "--config", "model_config", False),
     ("base_checkpoint", "--base-checkpoint", None, False),
