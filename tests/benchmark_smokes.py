@@ -44,6 +44,11 @@ SMOKES: dict[str, Smoke] = {
         rf"^training step \(forward, backward, AdamW\), batch 8 .*\n.*\n  none +{NUM} .*\n  v2 +{NUM} .* {NUM}%",
         rf"^target: v2 adds <= 1\.5x what F\.dropout adds .*ratio {NUM} -> ",
         rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> "), 7),
+    "lora_cost.py": Smoke(("--smoke",), (
+        rf"^  full +trainable [\d,]+ \(100\.00% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
+        rf"^  LoRA r8 +trainable [\d,]+ \({NUM}% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
+        rf"^  full +{NUM} s per step \(1\.00x full\); peak resident {NUM} GB  rounds: {NUMS}$",
+        rf"^  LoRA r8 +{NUM} s per step \({NUM}x full\); peak resident {NUM} GB  rounds: {NUMS}$"), 8),
     "padding.py": Smoke(("--smoke",), (
         rf"^demo: \d+ samples.*\n  micro-batch 4: plain {NUM}   sorted {NUM}   grouped {NUM} .*\n"
         rf"  micro-batch 8: plain {NUM}   sorted {NUM}   grouped {NUM} ",
