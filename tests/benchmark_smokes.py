@@ -44,6 +44,14 @@ SMOKES: dict[str, Smoke] = {
         rf"^training step \(forward, backward, AdamW\), batch 8 .*\n.*\n  none +{NUM} .*\n  v2 +{NUM} .* {NUM}%",
         rf"^target: v2 adds <= 1\.5x what F\.dropout adds .*ratio {NUM} -> ",
         rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> "), 7),
+    "generation_cost.py": Smoke(("--smoke",), (
+        rf"^demo \(checkpoints/demo\.yaml: width \d+, \d+ layers, \d+ heads\), texts 24-48 ids, \d+ codes each:\n"
+        rf"  kv cache  {NUM} s \({NUM} ms per code; runs {NUMS}\)\n  no cache  {NUM} s \({NUM} ms per code; runs "
+        rf"{NUMS}\)\n  no cache / kv cache = {NUM}x$",
+        rf"^official width \(checkpoints/config\.yaml: width \d+, \d+ heads, \d+ of 24 layers\), texts 60-120 ids, "
+        rf"\d+ codes each:\n  kv cache  {NUM} s .*\n  no cache  {NUM} s .*\n  no cache / kv cache = {NUM}x$",
+        rf"^official width .*, \d+ codes each:\n  kv cache  {NUM} s \({NUM} ms per code; runs {NUMS}\)\n"
+        r"  no cache  not run "), 3),
     "padding.py": Smoke(("--smoke",), (
         rf"^demo: \d+ samples.*\n  micro-batch 4: plain {NUM}   sorted {NUM}   grouped {NUM} .*\n"
         rf"  micro-batch 8: plain {NUM}   sorted {NUM}   grouped {NUM} ",

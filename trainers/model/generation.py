@@ -117,7 +117,8 @@ def generate_codes(
 ) -> GeneratedCodes:
     """Mel codes for each of B texts: greedy unless `sampling` is given, which needs `generator` (on the
     model's device). condition [B,32,D], emo_vec [B,D], text_ids [B,T] (no start/stop), text_lens [B].
-    `kv_cache=False` recomputes the whole sequence at every step (same codes; for comparisons)."""
+    `kv_cache=False` recomputes the whole sequence at every step (same codes; for comparisons). Greedy codes
+    do not depend on the batch a sample is in; sampled ones do (the batch draws from one generator in turn)."""
     _check(model, condition, emo_vec, text_ids, text_lens, max_codes, mel_positions)
     check_penalty(repetition_penalty)
     if sampling is not None and generator is None:
