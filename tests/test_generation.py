@@ -152,7 +152,11 @@ def test_the_model_keeps_its_training_mode_parameters_and_gradients():
     m.mel_head.weight.requires_grad_(False)
     before = {k: v.clone() for k, v in m.state_dict().items()}
     flags = {n: p.requires_grad for n, p in m.named_parameters()}
+    modes: set[tuple[bool, bool]] = set()  # (module in training mode, gradients enabled) while generating
+    hook = m.gpt.h[-1].mlp.register_forward_hook(lambda mod, *_: modes.add((mod.training, torch.is_grad_enabled())))
     generate_codes(m, **texts(), max_codes=MAX_CODES)
+    hook.remove()
+    assert modes == {(False, False)}
     generate_codes(m, **texts(), max_codes=MAX_CODES, sampling=Sampling(), generator=torch.Generator().manual_seed(0))
     assert m.training and all(sub.training for sub in m.modules())
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())

@@ -134,8 +134,9 @@ def generate_codes(
         model.train(was_training)
 
 
-def _generate(model, condition, emo_vec, text_ids, text_lens, max_codes, sampling, generator, penalty, kv_cache,
-              mel_positions) -> GeneratedCodes:
+def _generate(model: UnifiedVoiceGPT, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
+              text_lens: torch.Tensor, max_codes: int, sampling: Sampling | None, generator: torch.Generator | None,
+              penalty: float, kv_cache: bool, mel_positions: str) -> GeneratedCodes:
     cfg = model.cfg
     x, pad = _prompts(model, condition, emo_vec, text_ids, text_lens)
     b, device = x.shape[0], x.device
