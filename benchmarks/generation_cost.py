@@ -100,7 +100,7 @@ def timed(model: UnifiedVoiceGPT, batch: dict, codes: int, kv_cache: bool, repea
 def show(runs: list[float], codes: int) -> str:
     median = statistics.median(runs)
     listed = ", ".join(f"{r:.3f}" for r in runs)
-    return f"{median:.3f} s ({1000 * median / codes:.2f} ms per code; runs {listed})"
+    return f"{median:.3f} s ({1000 * median / codes:.2f} ms per step of the batch; runs {listed})"
 
 
 def compare(label: str, model: UnifiedVoiceGPT, batch: dict, codes: int, args: argparse.Namespace) -> None:
@@ -120,7 +120,8 @@ def main() -> int:
     device = torch.device(args.device)
     torch.manual_seed(0)
     print(f"generation cost on {device} ({platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs), greedy, batch {BATCH}, random weights, stop suppressed; median of "
+          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs), "
+          f"greedy, batch {BATCH}, random weights, stop suppressed; median of "
           f"{args.repeats} timed runs{'' if args.smoke else ' after one untimed run'}"
           f"{' (SMOKE: tiny sizes, no meaning)' if args.smoke else ''}")
     small = SMOKE_SIZE if args.smoke else {}

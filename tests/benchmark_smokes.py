@@ -46,11 +46,11 @@ SMOKES: dict[str, Smoke] = {
         rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> "), 7),
     "generation_cost.py": Smoke(("--smoke",), (
         rf"^demo \(checkpoints/demo\.yaml: width \d+, \d+ layers, \d+ heads\), texts 24-48 ids, \d+ codes each:\n"
-        rf"  kv cache  {NUM} s \({NUM} ms per code; runs {NUMS}\)\n  no cache  {NUM} s \({NUM} ms per code; runs "
-        rf"{NUMS}\)\n  no cache / kv cache = {NUM}x$",
+        rf"  kv cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n"
+        rf"  no cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n  no cache / kv cache = {NUM}x$",
         rf"^official width \(checkpoints/config\.yaml: width \d+, \d+ heads, \d+ of 24 layers\), texts 60-120 ids, "
         rf"\d+ codes each:\n  kv cache  {NUM} s .*\n  no cache  {NUM} s .*\n  no cache / kv cache = {NUM}x$",
-        rf"^official width .*, \d+ codes each:\n  kv cache  {NUM} s \({NUM} ms per code; runs {NUMS}\)\n"
+        rf"^official width .*, \d+ codes each:\n  kv cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n"
         r"  no cache  not run "), 3),
     "padding.py": Smoke(("--smoke",), (
         rf"^demo: \d+ samples.*\n  micro-batch 4: plain {NUM}   sorted {NUM}   grouped {NUM} .*\n"

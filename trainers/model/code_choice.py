@@ -41,7 +41,8 @@ class Sampling:
 
 def check_penalty(repetition_penalty: float) -> None:
     if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty must be positive (1.0: off; infer_v2 uses 10.0), got {repetition_penalty}")
+        raise ValueError(f"repetition_penalty must be positive (1.0: off; infer_v2 uses 10.0), "
+                         f"got {repetition_penalty}")
 
 
 def first_seen(batch: int, vocabulary: int, start_code: int, device: torch.device) -> torch.Tensor:
