@@ -12,6 +12,7 @@ from trainers.model.code_choice import Sampling, choose, penalise
 from trainers.model.generation import MEL_POSITIONS, _prompts, generate_codes
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.kv_cache import KVCache, last_logits
+from trainers.model.lora import LoraSettings, add_adapters
 
 STOP = TINY_GPT.stop_mel_token
 MAX_CODES = 12
@@ -50,10 +51,24 @@ def test_the_ends_of_generation_are_all_exercised():
         assert all(STOP not in c.tolist() for c in got.codes)
 
 
-def test_greedy_codes_are_the_argmax_of_the_models_own_teacher_forced_forward():
+def lora_model() -> UnifiedVoiceGPT:
+    """The test model with LoRA adapters whose B is not zero, so they change what the model computes."""
+    m = model()
+    add_adapters(m, LoraSettings(rank=2, alpha=4.0), seed=5)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith(".lora_b"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return m
+
+
+@pytest.mark.parametrize("build", [model, lora_model], ids=["plain", "lora_adapters"])
+def test_greedy_codes_are_the_argmax_of_the_models_own_teacher_forced_forward(build):
     """Training positions: a causal model's logit at mel input j depends on inputs 0..j only, so feeding the
-    generated codes to the model's forward must give back each next code as the argmax, stop included."""
-    m, batch = model(), texts()
+    generated codes to the model's forward must give back each next code as the argmax, stop included.
+    With adapters too: generation calls the blocks' own projections, so adapters apply as in the forward."""
+    m, batch = build(), texts()
     got = generate_codes(m, **batch, max_codes=MAX_CODES, mel_positions="training")
     lens = torch.tensor([len(c) for c in got.codes])
     codes = torch.zeros(len(lens), int(lens.max()), dtype=torch.long)
