@@ -49,6 +49,14 @@ SMOKES: dict[str, Smoke] = {
         rf"^  LoRA r8 +trainable [\d,]+ \({NUM}% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
         rf"^  full +{NUM} s per step \(1\.00x full\); peak resident {NUM} GB  rounds: {NUMS}$",
         rf"^  LoRA r8 +{NUM} s per step \({NUM}x full\); peak resident {NUM} GB  rounds: {NUMS}$"), 8),
+    "generation_cost.py": Smoke(("--smoke",), (
+        rf"^demo \(checkpoints/demo\.yaml: width \d+, \d+ layers, \d+ heads\), texts 24-48 ids, \d+ codes each:\n"
+        rf"  kv cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n"
+        rf"  no cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n  no cache / kv cache = {NUM}x$",
+        rf"^official width \(checkpoints/config\.yaml: width \d+, \d+ heads, \d+ of 24 layers\), texts 60-120 ids, "
+        rf"\d+ codes each:\n  kv cache  {NUM} s .*\n  no cache  {NUM} s .*\n  no cache / kv cache = {NUM}x$",
+        rf"^official width .*, \d+ codes each:\n  kv cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n"
+        r"  no cache  not run "), 3),
     "padding.py": Smoke(("--smoke",), (
         rf"^demo: \d+ samples.*\n  micro-batch 4: plain {NUM}   sorted {NUM}   grouped {NUM} .*\n"
         rf"  micro-batch 8: plain {NUM}   sorted {NUM}   grouped {NUM} ",
