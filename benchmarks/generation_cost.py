@@ -28,7 +28,6 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
