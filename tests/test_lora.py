@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.conftest import TINY_GPT
-from tests.test_gpt_model import make_batch, randomized_model
-from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
+from tests.test_gpt_model import make_batch, randomized_model, select
+from trainers.model.gpt_model import ADAPTER_SITES, SampleDropout, UnifiedVoiceGPT, dropout_keys
 from trainers.model.lora import (
     DEFAULT_TARGETS,
     LoraSettings,
@@ -118,8 +118,61 @@ def test_adapters_are_a_function_of_the_seed():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(rank=0, alpha=1.0), "--lora-rank must be at least 1"),
     (dict(rank=4, alpha=0.0), "--lora-alpha must be positive"),
+    (dict(rank=4, alpha=8.0, dropout=1.0), r"--lora-dropout must be in \[0, 1\)"),
     (dict(rank=4, alpha=8.0, targets=("c_attn", "q_proj")), r"--lora-targets: unknown or empty \['q_proj'\]"),
 ])
 def test_bad_settings_name_their_flag(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LoraSettings(**kwargs)
+
+
+def trained_adapters(dropout: float, **kwargs) -> UnifiedVoiceGPT:
+    """An adapted model whose adapters are non-zero, as after some training."""
+    model = randomized_model(**kwargs)
+    add_adapters(model, LoraSettings(rank=4, alpha=8.0, dropout=dropout), seed=11)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".lora_b"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return model.train()
+
+
+def test_adapter_dropout_is_keyed_by_sample_not_by_batch_mates():
+    """A sample's adapter masks depend on its key alone: alone or beside others, its logits are the same
+    (up to float rounding), as the model's own dropout guarantees across micro-batch splits."""
+    model = trained_adapters(dropout=0.5)
+    b = batch()
+    keys = dropout_keys(3, 7, torch.tensor([10, 11, 12]))
+    with torch.no_grad():
+        together = model(**b, dropout_keys=keys)[1]
+        alone = model(**select(b, [1]), dropout_keys=keys[1:2])[1]
+        again = model(**b, dropout_keys=keys)[1]
+        model.adapter_dropout = 0.0
+        undropped = model(**b, dropout_keys=keys)[1]
+    m = int(b["code_lens"][1]) + 2
+    assert torch.equal(together, again)
+    assert (together[1, :m] - alone[0, :m]).abs().max() < 1e-5
+    assert (together - undropped).abs().max() > 1e-2  # the adapters' dropout is active
+
+
+def test_adapter_dropout_sites_are_their_own_and_recomputed_alike_under_checkpointing(monkeypatch):
+    sites = []
+    real_call = SampleDropout.__call__
+
+    def recording_call(self, x, site):
+        sites.append(site)
+        return real_call(self, x, site)
+
+    monkeypatch.setattr(SampleDropout, "__call__", recording_call)
+    grads = []
+    for checkpointing in (False, True):
+        model = trained_adapters(dropout=0.3, gradient_checkpointing=checkpointing)
+        sums = model.loss_sums(**batch(), dropout_keys=dropout_keys(0, 0, torch.arange(3)))
+        (sums["mel_ce"] + sums["text_ce"]).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    adapter_sites = sorted({s for s in sites if s >= ADAPTER_SITES})
+    assert len(adapter_sites) == 4 * TINY_GPT.layers  # one per adapted projection, distinct
+    assert max(s for s in sites if s < ADAPTER_SITES) <= 2 * TINY_GPT.layers
+    assert grads[0].keys() == grads[1].keys()
+    assert all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-5) for k in grads[0])

@@ -33,8 +33,18 @@ from torch.utils.checkpoint import checkpoint
 
 from trainers.model.cross_entropy import summed_cross_entropy
 from trainers.model.layout import PREFIX_LEN
-from trainers.model.sample_dropout import DEFAULT_MASKS, MASK_VERSIONS, PositionHashes, SampleDropout, dropout_keys
+from trainers.model.sample_dropout import (
+    DEFAULT_MASKS,
+    MASK_VERSIONS,
+    PositionHashes,
+    SampleDropout,
+    WidthDropout,
+    dropout_keys,
+)
 
+
+# Dropout sites of the LoRA adapters' inputs start here, far above the model's (0 .. 2 x layers).
+ADAPTER_SITES = 1 << 20
 
 # The official IndexTTS2 config's values, quoted in messages as examples.
 _OFFICIAL = {"model_dim": 1280, "layers": 24, "heads": 20, "max_text_tokens": 600, "max_mel_tokens": 1815,
@@ -135,7 +145,8 @@ class Conv1D(nn.Module):
         self.weight = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.zeros(n_out))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter_drop: "WidthDropout | None" = None, site: int = 0) -> torch.Tensor:
+        # adapter_drop and site: for a LoRA adapter's input dropout (trainers/model/lora.py); unused here.
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
 
 
@@ -146,12 +157,12 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(dim, 3 * dim)
         self.c_proj = Conv1D(dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter_drop: "WidthDropout | None" = None, site: int = 0) -> torch.Tensor:
         b, s, d = x.shape
-        q, k, v = self.c_attn(x).split(d, dim=2)
+        q, k, v = self.c_attn(x, adapter_drop, site).split(d, dim=2)
         q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(b, s, d))
+        return self.c_proj(y.transpose(1, 2).reshape(b, s, d), adapter_drop, site + 1)
 
 
 class MLP(nn.Module):
@@ -160,8 +171,8 @@ class MLP(nn.Module):
         self.c_fc = Conv1D(dim, 4 * dim)
         self.c_proj = Conv1D(4 * dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+    def forward(self, x: torch.Tensor, adapter_drop: "WidthDropout | None" = None, site: int = 0) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x, adapter_drop, site), approximate="tanh"), adapter_drop, site + 1)
 
 
 class Block(nn.Module):
@@ -172,9 +183,13 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(dim, eps=1e-5)
         self.mlp = MLP(dim)
 
-    def forward(self, x: torch.Tensor, drop: "SampleDropout", site: int) -> torch.Tensor:
-        x = x + drop(self.attn(self.ln_1(x)), site)
-        return x + drop(self.mlp(self.ln_2(x)), site + 1)
+    def forward(self, x: torch.Tensor, drop: "SampleDropout", site: int,
+                adapter_drop: "WidthDropout | None" = None) -> torch.Tensor:
+        # The four adapter inputs of the block with residual sites (site, site + 1) get their own sites,
+        # ADAPTER_SITES + 2 * site + 0..3, which no other block or residual uses.
+        adapter_site = ADAPTER_SITES + 2 * site
+        x = x + drop(self.attn(self.ln_1(x), adapter_drop, adapter_site), site)
+        return x + drop(self.mlp(self.ln_2(x), adapter_drop, adapter_site + 2), site + 1)
 
 
 class GPTStack(nn.Module):
@@ -215,6 +230,8 @@ class UnifiedVoiceGPT(nn.Module):
         self._mask_positions = PositionHashes()
         self.cfg = cfg
         self.gradient_checkpointing = gradient_checkpointing
+        # Dropout on the LoRA adapters' inputs, keyed by sample like the model's (set by lora.add_adapters).
+        self.adapter_dropout = 0.0
         d = cfg.model_dim
         self.text_embedding = nn.Embedding(cfg.number_text_tokens + 1, d)
         self.mel_embedding = nn.Embedding(cfg.number_mel_codes, d)
@@ -273,11 +290,14 @@ class UnifiedVoiceGPT(nn.Module):
         drop = SampleDropout(p, dropout_keys, x.shape[1], x.shape[2], x.device, self.dropout_masks,
                              self._mask_positions)
         x = drop(x, 0)
+        p_adapter = self.adapter_dropout if self.training else 0.0
+        adapter_drop = WidthDropout(p_adapter, dropout_keys, x.shape[1], x.device, self.dropout_masks,
+                                    self._mask_positions)
         for i, block in enumerate(self.gpt.h):
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, drop, 1 + 2 * i, use_reentrant=False)
+                x = checkpoint(block, x, drop, 1 + 2 * i, adapter_drop, use_reentrant=False)
             else:
-                x = block(x, drop, 1 + 2 * i)
+                x = block(x, drop, 1 + 2 * i, adapter_drop)
         x = self.gpt.ln_f(x)
         return self.final_norm(_gather_time(x, text_pos)), self.final_norm(_gather_time(x, mel_pos))
 

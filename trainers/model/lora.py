@@ -11,7 +11,9 @@ adapts when it is transformers' class (and PEFT brings transformers, accelerate,
 huggingface_hub); its adapter dropout draws from the global RNG per batch, where ours must be keyed by
 sample to keep resumes exact; and the adapter and merge code needed here is a few dozen lines.
 
-Not yet wired into the trainer (flags, checkpoint sections, export): this module is the model side.
+Not yet wired into the trainer (flags, checkpoint sections, export): this module is the model side. Adapter
+dropout (LoraSettings.dropout) acts on each adapter's input with masks keyed by sample, at sites of its own
+(gpt_model.ADAPTER_SITES), so it is as exact across micro-batch splits and resumes as the model's dropout.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from trainers.model.gpt_model import Conv1D, UnifiedVoiceGPT
+from trainers.model.sample_dropout import WidthDropout
 
 # The projections of a GPT block that can carry adapters, by the name a user gives and the module path
 # inside a block (gpt.h.N.<path>).
@@ -44,10 +47,13 @@ class LoraSettings:
     rank: int
     alpha: float
     targets: tuple[str, ...] = DEFAULT_TARGETS
+    dropout: float = 0.0  # on each adapter's input, keyed by sample (trainers/model/sample_dropout.py)
 
     def __post_init__(self) -> None:
         if self.rank < 1:
             raise ValueError(f"--lora-rank must be at least 1 to add adapters, got {self.rank}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--lora-dropout must be in [0, 1), got {self.dropout}")
         if not self.alpha > 0:
             raise ValueError(f"--lora-alpha must be positive, got {self.alpha}")
         unknown = [t for t in self.targets if t not in TARGET_PATHS]
@@ -75,10 +81,11 @@ class LoraConv1D(Conv1D):
         self.lora_a = nn.Parameter(a.to(device=base.weight.device))
         self.lora_b = nn.Parameter(torch.zeros(rank, n_out, device=base.weight.device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, adapter_drop: WidthDropout | None = None, site: int = 0) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         out = torch.addmm(self.bias, flat, self.weight)
-        out = out + (flat @ self.lora_a.to(flat.dtype)) @ (self.lora_b.to(flat.dtype) * self.scale)
+        dropped = flat if adapter_drop is None else adapter_drop(x, site).reshape(flat.shape)
+        out = out + (dropped @ self.lora_a.to(flat.dtype)) @ (self.lora_b.to(flat.dtype) * self.scale)
         return out.view(*x.shape[:-1], -1)
 
 
@@ -87,6 +94,7 @@ def add_adapters(model: UnifiedVoiceGPT, settings: LoraSettings, seed: int) -> l
     the caller unfreezes what else trains (new vocabulary rows). Returns the adapted modules' names."""
     for p in model.parameters():
         p.requires_grad_(False)
+    model.adapter_dropout = settings.dropout
     generator = torch.Generator().manual_seed(seed)
     adapted = []
     for i, block in enumerate(model.gpt.h):

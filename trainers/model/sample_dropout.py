@@ -205,3 +205,25 @@ class _RegeneratedMask(torch.autograd.Function):
 
 
 __all__ = ["DEFAULT_MASKS", "MASK_VERSIONS", "PositionHashes", "SampleDropout", "dropout_keys"]
+
+
+class WidthDropout:
+    """SampleDropout for the inputs of several widths in one forward pass (the LoRA adapters' inputs are
+    model_dim or 4 x model_dim wide): one SampleDropout per width, made on first use, each keyed by the
+    same samples, so an adapter's mask is as independent of the micro-batch split as the model's."""
+
+    def __init__(self, p: float, keys: torch.Tensor | None, seq_len: int, device: torch.device,
+                 version: str = DEFAULT_MASKS, positions: "PositionHashes | None" = None) -> None:
+        self.p, self.keys, self.seq_len, self.device = p, keys, seq_len, device
+        self.version, self.positions = version, positions
+        self.active = p > 0 and keys is not None
+        self._by_width: dict[int, SampleDropout] = {}
+
+    def __call__(self, x: torch.Tensor, site: int) -> torch.Tensor:
+        if not self.active:
+            return x
+        width = x.shape[-1]
+        if width not in self._by_width:
+            self._by_width[width] = SampleDropout(self.p, self.keys, self.seq_len, width, self.device, self.version,
+                                                  self.positions)
+        return self._by_width[width](x, site)
