@@ -71,3 +71,13 @@ def test_mismatched_inputs_and_empty_references_are_refused():
         generation_metrics([[1]], [True, False], [1], [None])
     with pytest.raises(ValueError, match="reference lengths must be >= 1"):
         generation_metrics([[1]], [True], [0], [None])
+
+
+def test_repeated_ngram_share_is_the_same_for_codes_too_large_to_pack():
+    """Codes pack into one int64 per n-gram when they fit; larger or negative ones take the row-wise path,
+    with the same answer."""
+    codes = np.random.default_rng(1).integers(0, 6, 300)
+    small = repeated_ngram_share(codes)
+    assert 0 < small < 1
+    assert repeated_ngram_share(codes + 2 ** 40) == small
+    assert repeated_ngram_share(codes - 3) == small

@@ -49,7 +49,12 @@ def repeated_ngram_share(codes: np.ndarray, n: int = REPEAT_N) -> float:
     if codes.size < n:
         return 0.0
     windows = np.lib.stride_tricks.sliding_window_view(codes, n)
-    _, first, inverse = np.unique(windows, axis=0, return_index=True, return_inverse=True)
+    base = int(codes.max()) + 1
+    if codes.min() >= 0 and base ** n < 2 ** 63:  # one int64 per n-gram: a 1-D unique, ten times faster
+        keys = windows @ (base ** np.arange(n - 1, -1, -1, dtype=np.int64))
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    else:
+        _, first, inverse = np.unique(windows, axis=0, return_index=True, return_inverse=True)
     repeats = np.flatnonzero(first[inverse.reshape(-1)] != np.arange(len(windows)))
     covered = np.zeros(codes.size, dtype=bool)
     for offset in range(n):
@@ -57,20 +62,20 @@ def repeated_ngram_share(codes: np.ndarray, n: int = REPEAT_N) -> float:
     return float(covered.mean())
 
 
-def _group(codes: list[np.ndarray], stopped: np.ndarray, ref: np.ndarray) -> dict[str, float]:
-    lengths = np.array([c.size for c in codes], dtype=np.float64)
+def _group(lengths: np.ndarray, stopped: np.ndarray, ref: np.ndarray, runs: np.ndarray,
+           shares: np.ndarray) -> dict[str, float]:
     ratio = lengths / ref
     error = np.abs(np.log(np.maximum(lengths, 1.0) / ref))
     p10, median, p90 = np.percentile(ratio, [10, 50, 90])
     return {
-        "samples": float(len(codes)),
+        "samples": float(len(lengths)),
         "stop_rate": float(stopped.mean()),
         "length_ratio_median": float(median),
         "length_ratio_p10": float(p10),
         "length_ratio_p90": float(p90),
         "length_error_median": float(np.median(error)),
-        "longest_run_median": float(np.median([longest_run(c) for c in codes])),
-        "repeated_ngram_share": float(np.mean([repeated_ngram_share(c) for c in codes])),
+        "longest_run_median": float(np.median(runs)),
+        "repeated_ngram_share": float(np.mean(shares)),
     }
 
 
@@ -92,11 +97,13 @@ def generation_metrics(codes: Sequence[Any], stopped: Sequence[bool], ref_length
     ref = np.asarray(ref_lengths, dtype=np.float64)
     if (ref < 1).any():
         raise ValueError(f"reference lengths must be >= 1, got {ref.min():g}")
-    out = {PREFIX + name: value for name, value in _group(arrays, done, ref).items()}
-    names = [NO_LANGUAGE if lang is None else lang for lang in languages]
+    per_sample = (np.array([c.size for c in arrays], dtype=np.float64), done, ref,
+                  np.array([longest_run(c) for c in arrays], dtype=np.float64),
+                  np.array([repeated_ngram_share(c) for c in arrays]))
+    out = {PREFIX + name: value for name, value in _group(*per_sample).items()}
+    names = np.array([NO_LANGUAGE if lang is None else lang for lang in languages], dtype=object)
     if len(set(names)) > 1:
         for name in sorted(set(names)):
-            rows = [i for i, lang in enumerate(names) if lang == name]
-            group = _group([arrays[i] for i in rows], done[rows], ref[rows])
+            group = _group(*(column[names == name] for column in per_sample))
             out.update({f"{PREFIX}{name}/{key}": value for key, value in group.items()})
     return out
