@@ -16,7 +16,7 @@ import torch
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.errors import UserError
 from trainers.run.run_dir import prepare_run_dir
-from trainers.run.sample_sets import SAMPLES_DIR, SampleStore, list_sets, new_set, read_set
+from trainers.run.sample_sets import SAMPLES_DIR, SampleStore, list_sets, new_set, read_set, read_step
 from trainers.tools.run_files import newest_checkpoint, step_checkpoints
 
 SETTINGS = {"max_codes": 16, "do_sample": False, "mel_positions": "upstream", "repetition_penalty": 1.0}
@@ -119,3 +119,14 @@ def test_a_damaged_or_missing_set_is_a_user_error_naming_the_file(tmp_path):
 def test_a_run_without_samples_lists_none(tmp_path):
     assert list_sets(tmp_path) == {} and list_sets(tmp_path / "missing") == {}
     assert SampleStore(tmp_path, keep=1).clean_temporaries() == []
+    with pytest.raises(UserError, match="holds no sample sets"):
+        read_step(tmp_path)
+
+
+def test_a_step_is_read_by_number_or_the_newest_and_a_missing_one_names_those_kept(tmp_path):
+    store = SampleStore(tmp_path, keep=2)
+    for step in (10, 20, 30):
+        store.write(a_set(step))
+    assert read_step(tmp_path).step == 30 and read_step(tmp_path, 20).step == 20
+    with pytest.raises(UserError, match=r"no sample set of step 10 \(steps kept: 20, 30;"):
+        read_step(tmp_path, 10)

@@ -112,6 +112,20 @@ def read_set(path: Path) -> SampleSet:
                         "trainer writes the step's set again when it validates that step") from None
 
 
+def read_step(run_dir: Path, step: int | None = None) -> SampleSet:
+    """The set of `step` (None: the newest) of a run directory; a UserError names the steps there are."""
+    sets = list_sets(run_dir)
+    if not sets:
+        raise UserError(f"{run_dir} holds no sample sets ({SAMPLES_DIR}/step_*.npz): the trainer writes one at each "
+                        "validation when generation at validation is on")
+    if step is None:
+        step = max(sets)
+    if step not in sets:
+        raise UserError(f"{run_dir} has no sample set of step {step} (steps kept: {', '.join(map(str, sets))}; "
+                        "older ones were removed to keep the folder bounded)")
+    return read_set(sets[step])
+
+
 @dataclass
 class SampleStore:
     """Writes a run's sample sets and keeps them bounded (see the module docstring)."""
