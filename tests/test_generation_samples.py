@@ -3,7 +3,10 @@ of the validation set's ids and the seed (not of row order, batch sizes or proce
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,14 +75,10 @@ def test_a_repeated_id_is_one_candidate():
 def test_the_choice_does_not_depend_on_the_process(tmp_path):
     """blake2b, not Python's salted hash(): another interpreter (another torchrun process, a resume)
     chooses the same ids."""
-    import subprocess
-    import sys
-
     code = ("import json; from trainers.data.generation_samples import choose; "
             "ids = [f'u{i}' for i in range(50)]; print(json.dumps(choose(ids, [None] * 50, 11, 4, 4)[0]))")
     runs = [json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                      env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin",
-                                           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}).stdout)
+                                      env={**os.environ, "PYTHONHASHSEED": seed}).stdout)  # PYTHONPATH: conftest
             for seed in ("1", "2")]
     here, _ = choose([f"u{i}" for i in range(50)], [None] * 50, 11, 4, 4)
     assert runs[0] == runs[1] == here
