@@ -1,5 +1,5 @@
 """Generic file helpers, at the bottom of the package (tests/test_layers.py): durable directory
-entries, atomic text writes, which file a name is, checksums, and the OSError behind an exception."""
+entries, atomic text and byte writes, which file a name is, checksums, and the OSError behind an exception."""
 from __future__ import annotations
 
 import errno
@@ -8,7 +8,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +21,26 @@ def write_text_atomically(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_bytes_atomically(path: Path, data: bytes, on_written: Callable[[], None] | None = None) -> None:
+    """Replace `path` with `data` durably: a temporary `.NAME.tmp-PID` beside it, fsynced, renamed over
+    `path`, the directory fsynced. A kill at any moment leaves the old file (or none) or the complete
+    new one, and possibly the temporary, for the writer's owner to clean. `on_written` runs between
+    the temporary's fsync and the rename (the tests stop a process there)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # an ordinary failure (disk full) leaves nothing; a SIGKILL cannot get here
+        raise
+    if on_written is not None:
+        on_written()
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def file_identity(path: Path) -> tuple[int, int] | None:
