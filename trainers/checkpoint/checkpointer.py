@@ -1,8 +1,9 @@
-"""Saving the run's components as one checkpoint, in the schema's sections.
+"""Saving the run's components as one checkpoint, in the schema's sections, and loading them back.
 
 The components are registered once under their section names; a save asks each for its
-state_dict(), the schema assembles and validates the file, and `files.CheckpointManager`
-writes it atomically and rotates old ones.
+state_dict(), the schema assembles and validates the file, and `step_files.CheckpointManager`
+writes it atomically and rotates old ones. A resume hands each component its section back,
+in one call (`restore`), in the order the schema gives.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ log = logging.getLogger("train")
 
 class Stateful(Protocol):
     def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
 
 
 class Checkpointer:
@@ -63,6 +66,12 @@ class Checkpointer:
         self._submit(step, lambda state: self.files.save_best(state, step),
                      lambda path: log.info("saved %s: the best validation so far (step %d, %s %.4f)", path.name, step,
                                            metric, value))
+
+    def restore(self, ckpt: schema.Checkpoint) -> None:
+        """Load every section of `ckpt` into its component, in schema.RESTORE_ORDER: the one place a
+        resume restores state. Whatever can refuse the checkpoint has run before (trainers/run/resume.py)."""
+        for name in schema.RESTORE_ORDER:
+            self.components[name].load_state_dict(ckpt.section(name))
 
     def wait(self) -> None:
         """Until the save in flight is complete (CheckpointWriteError if it failed)."""

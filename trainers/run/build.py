@@ -13,35 +13,34 @@ from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.weights import GPTWeights, load_base_weights
 from trainers.run.inputs import RunInputs
 from trainers.run.resolve import RunConfig
-from trainers.run.run_dir import SavedRun
+from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
 
 log = logging.getLogger("train")
 
 
-def build_weights(cfg: RunConfig, inputs: RunInputs, resume: SavedRun | None, device: torch.device) -> GPTWeights:
-    """The model, on `device`, with the weights training continues from."""
+def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: torch.device) -> GPTWeights:
+    """The model, on `device`: with the base checkpoint's weights at step 0; a resume loads its own
+    (trainers/run/resume.py restore)."""
     model = UnifiedVoiceGPT(cfg.gpt, gradient_checkpointing=cfg.train.grad_checkpointing,
                             dropout_masks=cfg.train.dropout_masks, deterministic_loss=cfg.train.deterministic)
     weights = GPTWeights(model, {})
-    if resume and resume.checkpoint:
-        weights.load_state_dict(resume.checkpoint.model, resume.path)
-    elif inputs.base_state is not None:
+    if inputs.base_state is not None and not resuming:
         base = load_base_weights(Path(cfg.train.base_checkpoint), model, inputs.base_state)
         weights.carried = base.carried
         log.info("loaded --base-checkpoint %s: %d tensors carried unchanged, %d dropped", cfg.train.base_checkpoint,
                  len(base.carried), len(base.dropped))
-    else:
+    elif not resuming:
         log.warning("no --base-checkpoint: training from random weights; saved checkpoints will lack the "
                     "conditioning encoders that inference needs")
     model.to(device)
     return weights
 
 
-def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dtype | None,
-                       device: torch.device) -> Optimization:
+def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dtype | None, device: torch.device,
+                       schedule: LRSchedule) -> Optimization:
     frozen = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens) if cfg.train.freeze_base_vocab else None
-    return Optimization(weights.model, cfg.train, amp_dtype == torch.float16, frozen, device.type)
+    return Optimization(weights.model, cfg.train, amp_dtype == torch.float16, frozen, device.type, schedule)
 
 
 def build_data(cfg: RunConfig, inputs: RunInputs) -> tuple[TrainData, FeatureDataset | None]:

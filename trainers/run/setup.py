@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
@@ -126,16 +125,14 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     ckpt = resume.checkpoint if resume else None
     changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
 
-    # Where this invocation stops and its learning rates: decided before any model is built.
+    # Where this invocation stops and its learning rates: decided before any model is built, from the
+    # checkpoint's position and schedule (read here; the one restore below loads them).
     data, val_set = build_data(cfg, inputs)
-    progress = TrainingProgress()
-    if ckpt:
-        data.load_state_dict(ckpt.section("data"))
-        progress.load_state_dict(ckpt.section("progress"))
-    end_of_epochs = progress.step + data.steps_left(cfg.train.epochs)
+    step = ckpt.step if ckpt else 0
+    end_of_epochs = step + data.steps_left(cfg.train.epochs, ckpt.section("data") if ckpt else None)
     total = min(cfg.train.max_steps, end_of_epochs) if cfg.train.max_steps else end_of_epochs
     saved_schedule = LRSchedule.from_state_dict(ckpt.lr_schedule) if ckpt else None
-    schedule = plan_schedule(cfg, saved_schedule, progress.step, total, cmd)
+    schedule = plan_schedule(cfg, saved_schedule, step, total, cmd)
 
     if resume and resume.damaged and world.is_main:  # every refusal is behind us: move damaged newer checkpoints aside
         set_aside(run_dir, list(resume.damaged), resume.path)
@@ -144,17 +141,20 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     precision = choose_amp(hardware, cfg.train.amp)  # refuses bf16 on a GPU without it, before the model is built
     if cfg.train.deterministic:
         make_deterministic()
-    weights = build_weights(cfg, inputs, resume, hardware.device)
+    weights = build_weights(cfg, inputs, ckpt is not None, hardware.device)
     # Under torchrun the split is each process's, of its share of a step.
     rank_cfg = replace(cfg.train, effective_batch=world.rank_batch(cfg.train.effective_batch))
     hw = plan_hardware(rank_cfg, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
                        run_dir, write_cache=world.is_main, world_size=world.size, precision=precision)
-    optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
-    components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
-                                  "rng": ProcessRNG(), "run": cfg, "hardware": hw}
+    optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device, schedule)
+    progress = TrainingProgress()
+    background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
+    # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
+    checkpoints = Checkpointer(run_dir, cfg.train.keep_checkpoints, {
+        "model": weights, "optim": optim, "data": data, "progress": progress, "rng": ProcessRNG(), "run": cfg,
+        "hardware": hw}, background=background and world.is_main)
     if ckpt:
-        restore(components, ckpt, resume.path, cmd)
-    optim.schedule = schedule
+        restore(checkpoints, ckpt, resume.path, cmd.force_resume)
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
@@ -164,12 +164,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
                for ds in (data.dataset, val_set)]
-    background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
-    # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
-    background = background and world.is_main
-    return Run(cfg, weights, optim, data, *loaders, progress, hw,
-               Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock,
-               world)
+    return Run(cfg, weights, optim, data, *loaders, progress, hw, checkpoints, total, lock, world)
 
 
 def log_summary(run: Run) -> None:
