@@ -73,6 +73,11 @@ class Checkpointer:
         for name in schema.RESTORE_ORDER:
             self.components[name].load_state_dict(ckpt.section(name))
 
+    def on_file_event(self, callback: CheckpointEvent) -> None:
+        """Call `callback(event, step)` at each checkpoint file event (tmp_written, renamed, linked): for the
+        fault-injection harness (trainers/faults.py), which kills the process mid-save."""
+        self.files.on_event = callback
+
     def wait(self) -> None:
         """Until the save in flight is complete (CheckpointWriteError if it failed)."""
         self._mapped(self.writer.wait)

@@ -29,7 +29,7 @@ log = logging.getLogger("train")
 
 @dataclass
 class HardwarePlan:
-    hardware: Hardware
+    machine: Hardware  # the device and what it can do
     amp_dtype: torch.dtype | None
     split: BatchSplit  # the current split of a step; out-of-memory recovery makes it smaller
     num_workers: int
@@ -43,7 +43,7 @@ class HardwarePlan:
 
     @property
     def device(self) -> torch.device:
-        return self.hardware.device
+        return self.machine.device
 
     def halve_micro_batch(self, effective_batch: int, where: str, error: str) -> BatchSplit:
         """The next split after an out-of-memory error; returns the old one (OutOfMemoryStop at 1)."""
@@ -73,15 +73,15 @@ class HardwarePlan:
         self.val_batch = halved(self.val_batch, "validation", error)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"machine": self.hardware.cache_key(), "micro_batch": self.split.micro_batch,
+        return {"machine": self.machine.cache_key(), "micro_batch": self.split.micro_batch,
                 "amp_dtype": str(self.amp_dtype), "tf32": self.tf32, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: says what differs from the machine that wrote the checkpoint."""
-        if state["machine"] not in ("unknown", self.hardware.cache_key()):
+        if state["machine"] not in ("unknown", self.machine.cache_key()):
             log.info("hardware changed: the checkpoint was written on %s, this run is on %s; the split of each step "
                      "into micro-batches may differ, the samples of each step do not", state["machine"],
-                     self.hardware.cache_key())
+                     self.machine.cache_key())
         if state["amp_dtype"] != str(self.amp_dtype):
             log.info("mixed precision changed from %s to %s", state["amp_dtype"], self.amp_dtype)
         if state.get("world_size", 1) != self.world_size:

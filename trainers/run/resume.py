@@ -22,7 +22,7 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     the differences, described, for the run's history.
     """
     saved = TrainConfig.from_dict(saved_settings(ckpt.settings))
-    changes = compare(saved, cfg.train, ckpt.fingerprints, cfg.fingerprints)
+    changes = compare(saved, cfg.settings, ckpt.fingerprints, cfg.fingerprints)
     for change in changes:
         log.info("setting differs from the saved run: %s", change.describe())
     breaking = [c for c in changes if c.breaks_exactness]

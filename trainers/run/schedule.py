@@ -24,7 +24,7 @@ log = logging.getLogger("train")
 
 
 def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int, cmd: CommandLine) -> LRSchedule:
-    schedule = adopt_schedule(saved, configured_schedule(cfg.train), step) if saved else configured_schedule(cfg.train)
+    schedule = adopt_schedule(saved, configured_schedule(cfg.settings), step) if saved else configured_schedule(cfg.settings)
     if cmd.rewarm or cmd.reconfigure_scheduler:
         flag = "--rewarm" if cmd.rewarm else "--reconfigure-scheduler"
         if saved is None:
@@ -120,4 +120,4 @@ def _jump(before: float, after: float) -> str:
 
 
 def _stretched(cfg: RunConfig, end: int) -> LRSchedule:
-    return configured_schedule(replace(cfg.train, lr_decay_steps=end))
+    return configured_schedule(replace(cfg.settings, lr_decay_steps=end))

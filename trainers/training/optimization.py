@@ -48,6 +48,11 @@ class Optimization:
         self.grad_clip = cfg.grad_clip
 
     @property
+    def fp16(self) -> bool:
+        """Gradients are scaled (fp16 autocast): the scaler skips the updates whose gradients overflowed."""
+        return self.scaler.is_enabled()
+
+    @property
     def params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
