@@ -80,7 +80,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Until the save in flight is complete (CheckpointWriteError if it failed)."""
-        self._mapped(self.writer.wait)
+        self._as_write_error(self.writer.wait)
 
     wait_own = wait  # the same for one process; under torchrun MainRankCheckpoints tells them apart
 
@@ -98,7 +98,7 @@ class Checkpointer:
         return self.writer.failed_write_step
 
     def close(self) -> None:
-        self._mapped(self.writer.close)
+        self._as_write_error(self.writer.close)
 
     def _submit(self, step: int, write: Callable[[dict], Path], done: Callable[[Path], None]) -> None:
         for name, component in self.components.items():
@@ -113,7 +113,7 @@ class Checkpointer:
             return path
 
         try:
-            self._mapped(lambda: self.writer.submit(sections, step, assemble_and_write))
+            self._as_write_error(lambda: self.writer.submit(sections, step, assemble_and_write))
         except HostMemoryError as exc:
             free = "free host memory (close other programs, lower --num-workers)"
             advice = (f"Pass --no-background-saves (a synchronous save holds the copy only while it writes) or {free}"
@@ -154,7 +154,8 @@ class Checkpointer:
                 self.writer.pin_memory = False
             self.writer.reserve_sizes([(n, p and mode.pinned) for n, p in sizes])
 
-    def _mapped(self, call: Callable[[], Any]) -> Any:
+    def _as_write_error(self, call: Callable[[], Any]) -> Any:
+        """`call()`, with an OS error in a write (disk full, permissions) raised as CheckpointWriteError."""
         try:
             return call()
         except (OSError, RuntimeError) as exc:  # torch's writer reports a failed write as a RuntimeError

@@ -39,7 +39,8 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: tor
 
 def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dtype | None, device: torch.device,
                        schedule: LRSchedule) -> Optimization:
-    frozen = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens) if cfg.settings.freeze_base_vocab else None
+    frozen = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens) if cfg.settings.freeze_base_vocab \
+        else None
     return Optimization(weights.model, cfg.settings, amp_dtype == torch.float16, frozen, device.type, schedule)
 
 

@@ -24,7 +24,8 @@ log = logging.getLogger("train")
 
 
 def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int, cmd: CommandLine) -> LRSchedule:
-    schedule = adopt_schedule(saved, configured_schedule(cfg.settings), step) if saved else configured_schedule(cfg.settings)
+    configured = configured_schedule(cfg.settings)
+    schedule = adopt_schedule(saved, configured, step) if saved else configured
     if cmd.rewarm or cmd.reconfigure_scheduler:
         flag = "--rewarm" if cmd.rewarm else "--reconfigure-scheduler"
         if saved is None:
