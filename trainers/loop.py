@@ -132,7 +132,7 @@ def diverged(run: Run, result: StepResult, skipped: int) -> bool:
     fp16, step = run.optim.fp16, run.progress.step + 1
     if fp16 and skipped < MAX_BAD_STEPS:  # the scaler finding its scale
         log.info("step %d: fp16 gradients overflowed, update skipped; the loss scale is lowered to %g (normal in "
-                 "the first steps of an fp16 run; %d in a row)", step, run.optim.scaler.get_scale(), skipped)
+                 "the first steps of an fp16 run; %d in a row)", step, run.optim.loss_scale, skipped)
     else:
         log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this repeats, lower "
                     "--learning-rate or check the data", step, result.grad_norm, skipped)

@@ -53,6 +53,10 @@ class Optimization:
         return self.scaler.is_enabled()
 
     @property
+    def loss_scale(self) -> float:
+        return self.scaler.get_scale()
+
+    @property
     def params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
