@@ -58,6 +58,9 @@ def test_a_resume_restores_every_section_once_in_the_owners_order_after_every_re
         assert tuple(events[1:]) == schema.RESTORE_ORDER
         assert set(schema.RESTORE_ORDER) == set(schema.SECTIONS) - {"run"}  # "run" is read before anything is built
         assert run.optim.schedule is planned[0] and run.progress.step == 2
+        # The restored model's carried tensors, which a background save never copies.
+        carried = run.weights.carried.values()
+        assert carried and {id(t) for t in run.checkpoints.writer.static} == {id(t) for t in carried}
     finally:
         run.close()
 

@@ -49,8 +49,7 @@ class Checkpointer:
         self.run_dir = Path(run_dir)
         self.files = CheckpointManager(self.run_dir, keep, on_event)
         self.components = dict(components)
-        carried = getattr(self.components["model"], "carried", {})
-        self.writer = CheckpointWriter(self.files, background=background, static=carried.values())
+        self.writer = CheckpointWriter(self.files, background=background, static=self._carried())
 
     def save(self, step: int) -> None:
         """Save the checkpoint of `step` (see the class docstring for when it is complete).
@@ -72,6 +71,11 @@ class Checkpointer:
         resume restores state. Whatever can refuse the checkpoint has run before (trainers/run/resume.py)."""
         for name in schema.RESTORE_ORDER:
             self.components[name].load_state_dict(ckpt.section(name))
+        self.writer.static = list(self._carried())  # the restored ones: never copied at a save
+
+    def _carried(self) -> Any:
+        """The model's carried tensors (training never changes them): a background save does not copy them."""
+        return getattr(self.components["model"], "carried", {}).values()
 
     def on_file_event(self, callback: CheckpointEvent) -> None:
         """Call `callback(event, step)` at each checkpoint file event (tmp_written, renamed, linked): for the
