@@ -1,5 +1,8 @@
 """Fault injection for tests: signal this process at a named point of training.
 
+The training loop reaches every injection below through one seam, `Faults.at(POINT, ...)` (the
+points are listed on `Faults`); the variables are read once, at start.
+
 Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
   setup               when start-up has finished, before the first step
   micro:STEP:J        after micro-batch J (0-based) of optimizer step STEP (1-based): mid accumulation
