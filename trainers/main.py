@@ -84,12 +84,11 @@ def main(argv: list[str] | None = None, command: CommandLine | None = None,
 
 def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     faults.attach(run.checkpoints, run.hardware.oom, run.optim.params)
-    settings = run.settings
     # Under torchrun rank 0 alone writes the log, TensorBoard and sample_ids.tsv (each step's ids, of every process).
     # It adds to the run's history and open log interval, which the checkpoints save (rank 0's under torchrun).
     tlog = (TrainLog if run.world.is_main else QuietLog)(run.cfg.run_dir, run.progress.step,
                                                          history=run.progress.history,
-                                                         record_sample_ids=settings.log_sample_ids,
+                                                         record_sample_ids=run.settings.log_sample_ids,
                                                          interval=run.progress.interval)
     if run.progress.step >= run.total_steps:
         log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
@@ -137,24 +136,30 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         stop_keeping_progress(run, tlog, first_step, exc, NO_DETERMINISM_ADVICE)
         return EXIT_USAGE
     except RuntimeError as exc:
-        nondeterministic = NondeterministicOp.from_error(exc, f"in the optimizer update of step {run.progress.step + 1}")
-        if nondeterministic is not None:  # the weights may be partly updated: save nothing
-            log.error("%s. Nothing was saved from this step; the last checkpoint (%s) is intact. %s", nondeterministic,
-                      run.checkpoints.newest_name(), NO_DETERMINISM_ADVICE)
-            return EXIT_USAGE
-        if not is_out_of_memory(exc):
-            raise
-        # In the optimizer update: the weights may be partly updated, so save nothing.
-        step, error = run.progress.step + 1, oom_message(exc)
-        smaller = run.hardware.record_out_of_memory(run.world.rank_batch(settings.effective_batch),
-                                                  f"step {step}, outside forward/backward", error)
-        log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
-                  "step; the last checkpoint is intact. %s; continue with --resume auto --output-dir %s", step, error,
-                  smaller, run.cfg.run_dir)
-        return EXIT_OUT_OF_MEMORY
+        return failed_update(run, exc)
     finally:
         bar.close()
         tlog.close()
+
+
+def failed_update(run: Run, exc: RuntimeError) -> int:
+    """A RuntimeError the loop did not handle: in the optimizer update, where the weights may be partly
+    updated, so nothing is saved (a nondeterministic op or out of memory; anything else is raised)."""
+    step = run.progress.step + 1
+    nondeterministic = NondeterministicOp.from_error(exc, f"in the optimizer update of step {step}")
+    if nondeterministic is not None:
+        log.error("%s. Nothing was saved from this step; the last checkpoint (%s) is intact. %s", nondeterministic,
+                  run.checkpoints.newest_name(), NO_DETERMINISM_ADVICE)
+        return EXIT_USAGE
+    if not is_out_of_memory(exc):
+        raise exc
+    error = oom_message(exc)
+    smaller = run.hardware.record_out_of_memory(run.world.rank_batch(run.settings.effective_batch),
+                                              f"step {step}, outside forward/backward", error)
+    log.error("out of memory outside the forward/backward pass, at step %d: %s. Nothing was saved from this "
+              "step; the last checkpoint is intact. %s; continue with --resume auto --output-dir %s", step, error,
+              smaller, run.cfg.run_dir)
+    return EXIT_OUT_OF_MEMORY
 
 
 def stop_keeping_progress(run: Run, tlog: TrainLog, first_step: int, error: Exception, advice: str) -> None:
