@@ -5,7 +5,7 @@ still running, and a process whose peer hangs or died used to block at the next 
 synchronisation until NCCL's watchdog aborted it (SIGABRT). There is no NCCL here, so the
 condition is forced with real gloo works of a two-rank group made in this process (one thread per
 rank): rank 1 never joins rank 0's all-reduce, which therefore never ends (a hung peer), or ends
-with gloo's error after the group's own timeout (a failed collective). `World.sync_gradients`
+with gloo's error after the group's own timeout (a failed collective). `World.sum_gradients`
 gets them as the communication hook records NCCL's works; DDP itself is stood in for by a pass
 that issues them, since DDP over gloo waits for its works before backward returns.
 """
@@ -68,7 +68,7 @@ def test_a_gradient_sum_that_never_ends_stops_with_exit_6_after_the_timeout():
     world = world_waiting_on(groups[0], grad, timeout_s=0.5)
     started = time.monotonic()
     with pytest.raises(DistributedFailure) as failure:
-        world.sync_gradients()
+        world.sum_gradients()
     assert 0.5 <= time.monotonic() - started < 10
     assert failure.value.exit_status == EXIT_PEER_LOST and world.broken
     assert re.match(r"no answer from the other processes for \d+ s during the gradient sum \(--dist-timeout 0.5\)",
@@ -80,7 +80,7 @@ def test_a_gradient_sum_that_fails_stops_with_exit_6_and_the_backends_error():
     groups = two_ranks(timeout_s=0.3)  # rank 1 never comes: gloo ends rank 0's work with its timeout error
     world = world_waiting_on(groups[0], torch.ones(4), timeout_s=60)
     with pytest.raises(DistributedFailure) as failure:
-        world.sync_gradients()
+        world.sum_gradients()
     message = str(failure.value)
     assert message.startswith("lost contact with the other processes of this run during the gradient sum (")
     assert "Timed out" in message and failure.value.exit_status == EXIT_PEER_LOST
@@ -93,7 +93,7 @@ def test_a_stop_signal_while_a_peer_does_not_come_ends_the_wait(monkeypatch):
     world = world_waiting_on(groups[0], torch.ones(4), timeout_s=60, stop=SimpleNamespace(requested=True))
     started = time.monotonic()
     with pytest.raises(DistributedFailure, match="a stop signal came during the gradient sum"):
-        world.sync_gradients()
+        world.sum_gradients()
     assert time.monotonic() - started < 10
     groups[1].allreduce([torch.ones(4)]).wait()
 
@@ -104,7 +104,7 @@ def test_a_gradient_sum_that_ends_is_summed_and_returns():
     world = world_waiting_on(groups[0], grad, timeout_s=30)
     peer = threading.Thread(target=lambda: (time.sleep(0.2), groups[1].allreduce([torch.full((4,), 2.0)]).wait()))
     peer.start()
-    world.sync_gradients()
+    world.sum_gradients()
     peer.join()
     assert grad.tolist() == [3.0] * 4 and not world.broken and world._pending.works == []
 
@@ -145,6 +145,6 @@ def test_a_second_stop_signal_while_waiting_leaves_the_group_as_it_is():
     groups = two_ranks(timeout_s=60)
     world = world_waiting_on(groups[0], torch.ones(4), timeout_s=60, stop=SecondSignal())
     with pytest.raises(StopNow):
-        world.sync_gradients()
+        world.sum_gradients()
     assert world.broken
     groups[1].allreduce([torch.ones(4)]).wait()

@@ -279,10 +279,10 @@ def test_a_step_is_divided_by_strided_slices_and_nothing_changes_without_torchru
 
     single = World.from_env({})
     plan = StepPlan(0, 3, [[9, 4, 7], [1, 8, 2], [6]])
-    assert not single.distributed and single.share_plan(plan, 2) is plan and single.rank_batch(16) == 16
+    assert not single.distributed and single.own_part(plan, 2) is plan and single.rank_batch(16) == 16
     worlds = [World.from_env({"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r)}) for r in (0, 1)]
-    assert [w.share_plan(plan, 2).micro_batches for w in worlds] == [[[9, 7], [8, 6]], [[4, 1], [2]]]
-    assert [w.share_plan(StepPlan(1, 1, [[5]]), 8).micro_batches for w in worlds] == [[[5]], []]  # rank 1: none
+    assert [w.own_part(plan, 2).micro_batches for w in worlds] == [[[9, 7], [8, 6]], [[4, 1], [2]]]
+    assert [w.own_part(StepPlan(1, 1, [[5]]), 8).micro_batches for w in worlds] == [[[5]], []]  # rank 1: none
     assert worlds[1].rank_batch(17) == 9
     assert batch_summary(worlds[0], 16, 8, 1) == "world 2 x (micro-batch 8 x accumulation 1) = effective batch 16"
     monkeypatch.setenv("RANK", "1")

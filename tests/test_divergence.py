@@ -97,7 +97,8 @@ def test_fp16_loss_scaler_skips_are_counted_and_end_the_run(demo_assets, tmp_pat
     from trainers.faults import Faults, KillPoint, NanInjector
     from trainers.run.setup import setup_run
     from trainers.stop_signals import StopRequest
-    from trainers.main import MAX_SKIPPED_FP16, train
+    from trainers.loop import MAX_SKIPPED_FP16
+    from trainers.main import train
 
     caplog.set_level(logging.INFO, logger="train")
     out = tmp_path / "run"

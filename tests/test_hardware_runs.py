@@ -186,13 +186,13 @@ def test_oom_in_the_gradient_sum_makes_the_next_start_use_half_the_micro_batch(d
 
     calls = []
 
-    def sync_gradients(self) -> None:
+    def sum_gradients(self) -> None:
         calls.append(1)
         if len(calls) == 3:
             raise DistributedFailure("out of memory while summing the gradients of the processes (CUDA out of "
                                      "memory)", EXIT_OUT_OF_MEMORY)
 
-    monkeypatch.setattr(World, "sync_gradients", sync_gradients)
+    monkeypatch.setattr(World, "sum_gradients", sum_gradients)
     out = tmp_path / "run"
     flags = ["--effective-batch", "16", "--max-steps", "4", "--lr-decay-steps", "16", *FLAGS]
     result = train_here(out, *demo_assets, *flags, env={"INDEXTTS_TRAIN_OOM_ABOVE": "8"})

@@ -150,7 +150,7 @@ def test_adamw_state_to_come_is_sized_as_its_first_step_creates_it():
     optim = Optimization(model, TrainConfig(), fp16=False, frozen=None, device_type="cpu")
     predicted = sorted((n, d.type == "cuda") for n, d in optim.state_sizes_to_come())
     model(torch.randn(2, 4)).sum().backward()
-    optim.step()
+    optim.apply(optim.prepare())
     assert optim.state_sizes_to_come() == []
     assert predicted == sorted(buffer_sizes(optim.optimizer.state_dict()["state"], pin_memory=None))
 

@@ -15,7 +15,7 @@ The layers, bottom to top:
   checkpoint  trainers.checkpoint: schema, snapshot, background writer, step files, recovery
   training    trainers.training: optimizer, schedule, log, evaluation, torchrun agreements
   run         trainers.run: a run's directory, inputs, resume and set-up
-  app         trainers.main (main() and the training loop), trainers.cli (the command: flags
+  app         trainers.main (main()), trainers.loop (the training loop), trainers.cli (the command: flags
               before torch), trainers.experiment (the Python API)
   tools       trainers.tools: the tools' code (export, inspect, plots, pack, tokenizer)
   scripts     trainers/train_gpt_v2.py and tools/**/*.py: scripts that call a main()
@@ -44,7 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("checkpoint", ("trainers.checkpoint",)),
     ("training", ("trainers.training",)),
     ("run", ("trainers.run",)),
-    ("app", ("trainers.main", "trainers.cli", "trainers.experiment")),
+    ("app", ("trainers.main", "trainers.loop", "trainers.cli", "trainers.experiment")),
     ("tools", ("trainers.tools",)),
     ("scripts", ("trainers.train_gpt_v2", "tools")),
 )

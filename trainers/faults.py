@@ -1,5 +1,8 @@
 """Fault injection for tests: signal this process at a named point of training.
 
+The training loop reaches every injection below through one seam, `Faults.at(POINT, ...)` (the
+points are listed on `Faults`); the variables are read once, at start.
+
 Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
   setup               when start-up has finished, before the first step
   micro:STEP:J        after micro-batch J (0-based) of optimizer step STEP (1-based): mid accumulation
@@ -37,7 +40,8 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,6 +49,7 @@ ENV_VAR = "INDEXTTS_TRAIN_KILL_AT"
 
 
 MACHINE = "machine/"
+KILL_POINTS = ("setup", "micro", "step", "validation")  # the loop's points a kill may name (and save:, exit)
 
 
 def for_this_process(spec: str) -> str | None:
@@ -136,7 +141,8 @@ NAN_WEIGHTS_VAR = "INDEXTTS_TRAIN_NAN_WEIGHTS_AT"
 class NanInjector:
     """Divergence on demand, for the tests of what the trainer does when training goes non-finite.
 
-    INDEXTTS_TRAIN_NAN_FROM=STEP        the loss of every optimizer step from STEP (1-based) on is NaN
+    INDEXTTS_TRAIN_NAN_FROM=STEP        the loss of every optimizer step from STEP (1-based) on is NaN (its
+                                        gradients are made NaN after each backward, as that loss makes them)
     INDEXTTS_TRAIN_NAN_WEIGHTS_AT=STEP  after the update of step STEP, one weight becomes NaN (as a
                                         finite gradient times an infinite learning rate would make it)
     """
@@ -149,8 +155,13 @@ class NanInjector:
         loss, weights = os.environ.get(NAN_FROM_VAR), os.environ.get(NAN_WEIGHTS_VAR)
         return cls(int(loss) if loss else None, int(weights) if weights else None)
 
-    def corrupt_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
-        return loss * float("nan") if self.loss_from is not None and step >= self.loss_from else loss
+    @staticmethod
+    @torch.no_grad()
+    def corrupt_gradients(params: list[torch.nn.Parameter]) -> None:
+        """Every gradient NaN, as a NaN loss makes them (its backward multiplies each one by NaN)."""
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(float("nan"))
 
     def after_update(self, step: int, params: list[torch.nn.Parameter]) -> None:
         if self.weights_at == step and params:
@@ -158,13 +169,49 @@ class NanInjector:
                 params[0].view(-1)[0] = float("nan")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Faults:
-    """The fault injections the training loop consults (all inactive unless their variable is set)."""
+    """The one seam between the training loop and the fault injections above: the loop names its points
+    with `at(...)`; whatever the environment armed acts there (all inactive unless their variable is set).
+
+    Points, in the order a step passes them (STEP 1-based, J the micro-batch):
+      setup                       start-up finished
+      forward STEP J size=N       before the forward pass of micro-batch J (out of memory: OOM_ABOVE, OOM_AT)
+      micro STEP J                after its backward (NaN gradients from NAN_FROM on, as a NaN loss makes them;
+                                  KILL_AT micro:STEP:J)
+      clip STEP / update STEP     before the clipping / the optimizer update (OOM_AT STEP:clip, STEP:update)
+      updated STEP                after the update (NAN_WEIGHTS_AT)
+      step STEP                   after the step and any checkpoint it saves (KILL_AT step:STEP, which first
+                                  waits for this process's own write)
+      validation STEP             a validation begins (KILL_AT validation:STEP)
+      validation-batch size=N     before a validation batch's forward pass (OOM_ABOVE)
+    and checkpoint file events (KILL_AT save:STEP:EVENT) through the subscription `attach` makes.
+    """
 
     kill: KillPoint
     nan: NanInjector
+    oom: OomInjector | None = None  # the hardware plan's, once attached: the micro-batch probe uses it too
+    checkpoints: Any = field(default=None, repr=False)  # the run's Checkpointer, once attached
+    params: list[torch.nn.Parameter] = field(default_factory=list, repr=False)  # the trained weights
 
     @classmethod
     def from_env(cls) -> "Faults":
         return cls(KillPoint.from_env(), NanInjector.from_env())
+
+    def attach(self, checkpoints: Any, oom: OomInjector, params: list[torch.nn.Parameter]) -> None:
+        """Subscribe to the run's components: its checkpoint file events, its out-of-memory injector, its weights."""
+        checkpoints.on_file_event(self.kill.on_checkpoint_event)
+        self.checkpoints, self.oom, self.params = checkpoints, oom, params
+
+    def at(self, point: str, step: int | None = None, part: int | None = None, size: int = 0) -> None:
+        """The loop is at `point` (see the class docstring): act on what is armed there."""
+        if point in ("forward", "validation-batch", "clip", "update") and self.oom is not None:
+            self.oom.check(size, step, part if point == "forward" else None if point == "validation-batch" else point)
+        if point == "micro" and self.nan.loss_from is not None and step >= self.nan.loss_from:
+            self.nan.corrupt_gradients(self.params)
+        if point == "updated":
+            self.nan.after_update(step, self.params)
+        if point == "step" and self.checkpoints is not None and self.kill.armed("step", step):
+            self.checkpoints.wait_own()  # "after step N and any checkpoint it saves"
+        if point in KILL_POINTS:
+            self.kill.check(*(p for p in (point, step, part) if p is not None))

@@ -1,8 +1,9 @@
-"""Saving the run's components as one checkpoint, in the schema's sections.
+"""Saving the run's components as one checkpoint, in the schema's sections, and loading them back.
 
 The components are registered once under their section names; a save asks each for its
-state_dict(), the schema assembles and validates the file, and `files.CheckpointManager`
-writes it atomically and rotates old ones.
+state_dict(), the schema assembles and validates the file, and `step_files.CheckpointManager`
+writes it atomically and rotates old ones. A resume hands each component its section back,
+in one call (`restore`), in the order the schema gives.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ log = logging.getLogger("train")
 class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
+    def load_state_dict(self, state: Any) -> None: ...
+
 
 class Checkpointer:
     """Saves the components, synchronously or in the background (trainers/checkpoint/writer.py).
@@ -46,8 +49,7 @@ class Checkpointer:
         self.run_dir = Path(run_dir)
         self.files = CheckpointManager(self.run_dir, keep, on_event)
         self.components = dict(components)
-        carried = getattr(self.components["model"], "carried", {})
-        self.writer = CheckpointWriter(self.files, background=background, static=carried.values())
+        self.writer = CheckpointWriter(self.files, background=background, static=self._carried())
 
     def save(self, step: int) -> None:
         """Save the checkpoint of `step` (see the class docstring for when it is complete).
@@ -64,9 +66,25 @@ class Checkpointer:
                      lambda path: log.info("saved %s: the best validation so far (step %d, %s %.4f)", path.name, step,
                                            metric, value))
 
+    def restore(self, ckpt: schema.Checkpoint) -> None:
+        """Load every section of `ckpt` into its component, in schema.RESTORE_ORDER: the one place a
+        resume restores state. Whatever can refuse the checkpoint has run before (trainers/run/resume.py)."""
+        for name in schema.RESTORE_ORDER:
+            self.components[name].load_state_dict(ckpt.section(name))
+        self.writer.static = list(self._carried())  # the restored ones: never copied at a save
+
+    def _carried(self) -> Any:
+        """The model's carried tensors (training never changes them): a background save does not copy them."""
+        return getattr(self.components["model"], "carried", {}).values()
+
+    def on_file_event(self, callback: CheckpointEvent) -> None:
+        """Call `callback(event, step)` at each checkpoint file event (tmp_written, renamed, linked): for the
+        fault-injection harness (trainers/faults.py), which kills the process mid-save."""
+        self.files.on_event = callback
+
     def wait(self) -> None:
         """Until the save in flight is complete (CheckpointWriteError if it failed)."""
-        self._mapped(self.writer.wait)
+        self._as_write_error(self.writer.wait)
 
     wait_own = wait  # the same for one process; under torchrun MainRankCheckpoints tells them apart
 
@@ -84,7 +102,7 @@ class Checkpointer:
         return self.writer.failed_write_step
 
     def close(self) -> None:
-        self._mapped(self.writer.close)
+        self._as_write_error(self.writer.close)
 
     def _submit(self, step: int, write: Callable[[dict], Path], done: Callable[[Path], None]) -> None:
         for name, component in self.components.items():
@@ -99,7 +117,7 @@ class Checkpointer:
             return path
 
         try:
-            self._mapped(lambda: self.writer.submit(sections, step, assemble_and_write))
+            self._as_write_error(lambda: self.writer.submit(sections, step, assemble_and_write))
         except HostMemoryError as exc:
             free = "free host memory (close other programs, lower --num-workers)"
             advice = (f"Pass --no-background-saves (a synchronous save holds the copy only while it writes) or {free}"
@@ -140,7 +158,8 @@ class Checkpointer:
                 self.writer.pin_memory = False
             self.writer.reserve_sizes([(n, p and mode.pinned) for n, p in sizes])
 
-    def _mapped(self, call: Callable[[], Any]) -> Any:
+    def _as_write_error(self, call: Callable[[], Any]) -> Any:
+        """`call()`, with an OS error in a write (disk full, permissions) raised as CheckpointWriteError."""
         try:
             return call()
         except (OSError, RuntimeError) as exc:  # torch's writer reports a failed write as a RuntimeError

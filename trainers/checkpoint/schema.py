@@ -63,6 +63,11 @@ NESTED_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "progress.interval": {"sums": _LIST, "steps": _INT, "seconds": _NUMBER, "lr": _NUMBER, "grad_norm": _NUMBER},
 }
 SECTIONS = ("model", *FIELDS)
+# The order in which a resume loads the sections back into their owners (Checkpointer.restore): the model
+# before the optimizer, whose frozen rows are the restored model's; the RNG after everything built before
+# it. "run" is read, not loaded: the run's settings are decided from it before anything is built
+# (trainers/run/resolve.py), and its owner (RunConfig) is immutable.
+RESTORE_ORDER = ("model", "optim", "data", "progress", "rng", "hardware")
 
 
 class SchemaError(CheckpointError):

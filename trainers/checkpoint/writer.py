@@ -93,7 +93,8 @@ class CheckpointWriter:
 
     @property
     def busy(self) -> bool:
-        """A background write (or a ``reserve``) is in progress."""
+        """A background write (or a ``reserve``) is in progress. Never waits: ``failed_write_step`` polls it at
+        every step, and benchmarks/save_stall.py trains on while it is true to measure what a save costs."""
         return self._thread is not None and self._thread.is_alive()
 
     @property
@@ -106,6 +107,8 @@ class CheckpointWriter:
 
     @property
     def buffer_bytes(self) -> int:
+        """Host memory the reused snapshot buffers hold now (0 without them): what background saves cost in
+        RAM, which benchmarks/save_stall.py reports next to the blocked time they save."""
         return self._buffers.nbytes if self._buffers is not None else 0
 
     def submit(self, state: Any, step: int, write: Callable[[Any], Path] | None = None) -> None:

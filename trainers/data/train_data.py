@@ -26,6 +26,8 @@ log = logging.getLogger("train")
 
 ORDER_NAMES = {True: "grouped", False: "random"}  # the --data-order choices
 _SUBSET_KEY = 0x5B5E7  # keys the subset's permutation apart from every epoch's order
+# (epoch, step in epoch, samples in epoch, order's batch, order grouped, order's samples)
+Position = tuple[int, int, int, int, bool, int]
 
 
 class TrainData:
@@ -51,12 +53,14 @@ class TrainData:
     def steps_per_epoch(self) -> int:
         return math.ceil(self.subset_size / self.effective_batch)
 
-    def steps_left(self, epochs: int) -> int:
-        """Optimizer steps from here to the end of epoch `epochs - 1`."""
-        if self.epoch >= epochs:
+    def steps_left(self, epochs: int, saved: dict[str, Any] | None = None) -> int:
+        """Optimizer steps to the end of epoch `epochs - 1`: from here, or from the position a checkpoint's
+        data section `saved` holds (read, not restored: the run's plan is decided before its restore)."""
+        epoch, _, samples_in_epoch, _, _, order_samples = self._position(saved) if saved else self._here()
+        if epoch >= epochs:
             return 0
-        this_epoch = math.ceil((self.order_samples - self.samples_in_epoch) / self.effective_batch)
-        return this_epoch + (epochs - self.epoch - 1) * self.steps_per_epoch
+        this_epoch = math.ceil((order_samples - samples_in_epoch) / self.effective_batch)
+        return this_epoch + (epochs - epoch - 1) * self.steps_per_epoch
 
     def subset(self, size: int) -> np.ndarray:
         """The indices of the `size` samples trained on, in manifest order."""
@@ -99,22 +103,33 @@ class TrainData:
                 "order_samples": self.order_samples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.samples_in_epoch = int(state["epoch"]), int(state["samples_in_epoch"])
-        self.step_in_epoch = int(state["step_in_epoch"])
-        self.order_batch, self.order_grouped = int(state["order_batch"]), state["order"] == ORDER_NAMES[True]
-        # Files written before training subsets existed trained every sample.
-        self.order_samples = min(int(state.get("order_samples") or len(self.samples)), len(self.samples))
-        if self.samples_in_epoch >= self.order_samples:  # a format-1 file saved at the very end of an epoch
-            self._next_epoch()
-        if self.samples_in_epoch == 0:  # nothing of this epoch trained yet: it takes today's settings
-            self.step_in_epoch = 0
-            self.order_batch, self.order_grouped, self.order_samples = (self.effective_batch, self.grouped,
-                                                                        self.subset_size)
+        (self.epoch, self.step_in_epoch, self.samples_in_epoch, self.order_batch, self.order_grouped,
+         self.order_samples) = self._position(state)
         self._report_changes()
+
+    def _here(self) -> Position:
+        return (self.epoch, self.step_in_epoch, self.samples_in_epoch, self.order_batch, self.order_grouped,
+                self.order_samples)
+
+    def _position(self, state: dict[str, Any]) -> Position:
+        """The position a saved data section continues at, with today's settings; changes nothing."""
+        epoch, samples_in_epoch = int(state["epoch"]), int(state["samples_in_epoch"])
+        step_in_epoch = int(state["step_in_epoch"])
+        order_batch, order_grouped = int(state["order_batch"]), state["order"] == ORDER_NAMES[True]
+        # Files written before training subsets existed trained every sample.
+        order_samples = min(int(state.get("order_samples") or len(self.samples)), len(self.samples))
+        if samples_in_epoch >= order_samples:  # a format-1 file saved at the very end of an epoch
+            epoch, step_in_epoch, samples_in_epoch = epoch + 1, 0, 0
+            order_batch, order_grouped, order_samples = self.effective_batch, self.grouped, self.subset_size
+        if samples_in_epoch == 0:  # nothing of this epoch trained yet: it takes today's settings
+            step_in_epoch = 0
+            order_batch, order_grouped, order_samples = self.effective_batch, self.grouped, self.subset_size
+        if order_batch != self.effective_batch:  # the epoch goes on with today's batch, from the same sample
+            step_in_epoch = samples_in_epoch // self.effective_batch
+        return epoch, step_in_epoch, samples_in_epoch, order_batch, order_grouped, order_samples
 
     def _report_changes(self) -> None:
         if self.order_batch != self.effective_batch:
-            self.step_in_epoch = self.samples_in_epoch // self.effective_batch
             log.warning("effective batch changed from %d to %d: resuming epoch %d at sample %d (step %d); no sample "
                         "of this epoch is repeated or skipped", self.order_batch, self.effective_batch, self.epoch,
                         self.samples_in_epoch, self.step_in_epoch)

@@ -81,16 +81,16 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def configure_device(hw: "Hardware", tf32: bool) -> bool:
+def configure_device(machine: "Hardware", tf32: bool) -> bool:
     """Make the chosen GPU the current one and set matmul precision; returns whether TF32 is on.
 
     TF32 (Ampere and newer) runs fp32 matrix products on tensor cores with a 10-bit mantissa:
     several times faster, and what the reference trainers use; --no-tf32 keeps full fp32.
     """
-    if hw.gpu is None:
+    if machine.gpu is None:
         return False
-    torch.cuda.set_device(hw.device)
-    allow = tf32 and hw.gpu.tf32
+    torch.cuda.set_device(machine.device)
+    allow = tf32 and machine.gpu.tf32
     torch.backends.cuda.matmul.allow_tf32 = allow
     torch.backends.cudnn.allow_tf32 = allow
     return allow
@@ -121,14 +121,14 @@ def _cpu_cores() -> int:
 
 
 
-def auto_workers(hw: Hardware) -> tuple[int, str]:
+def auto_workers(machine: Hardware) -> tuple[int, str]:
     """Loader processes for --num-workers 0 (auto)."""
-    if hw.gpu is None:
+    if machine.gpu is None:
         # The model's own threads use every core; loading the small .npy features in the
         # training process costs less than competing with it.
         return 0, "CPU training: features are loaded in the training process"
-    workers = max(1, min(4, hw.cpu_cores // 2))
-    return workers, f"half of {hw.cpu_cores} CPU cores, at most 4"
+    workers = max(1, min(4, machine.cpu_cores // 2))
+    return workers, f"half of {machine.cpu_cores} CPU cores, at most 4"
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ class AttentionBackend:
         return f"{self.name} ({self.detail})"
 
 
-def attention_backend(hw: Hardware, amp_dtype: torch.dtype | None, head_dim: int) -> AttentionBackend:
+def attention_backend(machine: Hardware, amp_dtype: torch.dtype | None, head_dim: int) -> AttentionBackend:
     """The SDPA backend torch's CUDA dispatcher picks for a deterministic training pass of this model.
 
     Mirrors the dispatcher's rules for dense inputs with a causal mask and no attention dropout:
@@ -68,9 +68,9 @@ def attention_backend(hw: Hardware, amp_dtype: torch.dtype | None, head_dim: int
     and head_dim a multiple of the GEMM alignment. Also what the micro-batch probe's cache key
     may record, since the math backend needs far more memory.
     """
-    if hw.gpu is None:
+    if machine.gpu is None:
         return AttentionBackend("cpu", "torch's CPU kernels, deterministic")
-    cap, dtype = hw.gpu.capability, amp_dtype or torch.float32
+    cap, dtype = machine.gpu.capability, amp_dtype or torch.float32
     half = dtype in (torch.float16, torch.bfloat16)
     where = f"{str(dtype).removeprefix('torch.')}, head dim {head_dim}, compute {cap[0]}.{cap[1]}"
     training_limit = (8, 6) <= cap <= (8, 9) or cap >= (12, 0)
@@ -120,9 +120,10 @@ def nondeterministic_or(exc: RuntimeError, where: str) -> RuntimeError:
     return NondeterministicOp.from_error(exc, where) or exc
 
 
-def log_determinism(hw: Hardware, amp_dtype: torch.dtype | None, heads: int, head_dim: int, seq_len: int) -> None:
+def log_determinism(machine: Hardware, amp_dtype: torch.dtype | None, heads: int, head_dim: int,
+                    seq_len: int) -> None:
     """The start-up line of a --deterministic run: what it guarantees, and the attention backend."""
-    backend = attention_backend(hw, amp_dtype, head_dim)
+    backend = attention_backend(machine, amp_dtype, head_dim)
     log.info("deterministic: on (an op without a deterministic kernel stops the run with exit 2 before it runs); "
              "attention: %s", backend.describe())
     if backend.name == "math":

@@ -29,7 +29,7 @@ log = logging.getLogger("train")
 
 @dataclass
 class HardwarePlan:
-    hardware: Hardware
+    machine: Hardware  # the device and what it can do
     amp_dtype: torch.dtype | None
     split: BatchSplit  # the current split of a step; out-of-memory recovery makes it smaller
     num_workers: int
@@ -43,7 +43,7 @@ class HardwarePlan:
 
     @property
     def device(self) -> torch.device:
-        return self.hardware.device
+        return self.machine.device
 
     def halve_micro_batch(self, effective_batch: int, where: str, error: str) -> BatchSplit:
         """The next split after an out-of-memory error; returns the old one (OutOfMemoryStop at 1)."""
@@ -73,15 +73,15 @@ class HardwarePlan:
         self.val_batch = halved(self.val_batch, "validation", error)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"machine": self.hardware.cache_key(), "micro_batch": self.split.micro_batch,
+        return {"machine": self.machine.cache_key(), "micro_batch": self.split.micro_batch,
                 "amp_dtype": str(self.amp_dtype), "tf32": self.tf32, "world_size": self.world_size}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: says what differs from the machine that wrote the checkpoint."""
-        if state["machine"] not in ("unknown", self.hardware.cache_key()):
+        if state["machine"] not in ("unknown", self.machine.cache_key()):
             log.info("hardware changed: the checkpoint was written on %s, this run is on %s; the split of each step "
                      "into micro-batches may differ, the samples of each step do not", state["machine"],
-                     self.hardware.cache_key())
+                     self.machine.cache_key())
         if state["amp_dtype"] != str(self.amp_dtype):
             log.info("mixed precision changed from %s to %s", state["amp_dtype"], self.amp_dtype)
         if state.get("world_size", 1) != self.world_size:
@@ -108,16 +108,16 @@ def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, 
     return plan
 
 
-def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
+def _batch_split(cfg: TrainConfig, machine: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
                  samples: SampleTable, model_fingerprint: str, run_dir: Path, oom: OomInjector,
                  write_cache: bool = True, world_size: int = 1,
                  ) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
     """The micro-batch split: as given (below a size that ran out of memory here), else probed on this GPU
     (cached per machine and settings), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)
-    if not (hw.is_cuda or oom.active):
+    if not (machine.is_cuda or oom.active):
         return given or split_for(cfg.effective_batch, CPU_MICRO_BATCH, f"auto: CPU, at most {CPU_MICRO_BATCH}"), None
-    key = ProbeKey(hardware=hw.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
+    key = ProbeKey(hardware=machine.cache_key(), model_config=model_fingerprint, amp_dtype=str(amp),
                    grad_checkpointing=cfg.grad_checkpointing, deterministic=cfg.deterministic, dropout=cfg.dropout,
                    dropout_masks=cfg.dropout_masks, world_size=world_size,
                    longest_text=int(samples.text_len.max()), longest_codes=int(samples.code_len.max()),
@@ -129,7 +129,8 @@ def _batch_split(cfg: TrainConfig, hw: Hardware, model: UnifiedVoiceGPT, amp: to
     if cached is not None:
         return split_for(cfg.effective_batch, cached, f"auto: probed earlier on this machine, {cache.path.name}"), \
             (cache, key)
-    fits = model_fits(model, hw.device, amp, key.longest_text, key.longest_codes, oom, world_size, cfg.effective_batch)
+    fits = model_fits(model, machine.device, amp, key.longest_text, key.longest_codes, oom, world_size,
+                      cfg.effective_batch)
     micro = largest_fitting(fits, cfg.effective_batch)
     if micro == 0:
         log.warning("even a micro-batch of 1 of the longest samples (%d text, %d codes) does not fit in memory; "

@@ -31,11 +31,11 @@ class AmpChoice:
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.dtype, "off")  # type: ignore[arg-type]
 
 
-def choose_amp(hw: Hardware, mode: str) -> AmpChoice:
+def choose_amp(machine: Hardware, mode: str) -> AmpChoice:
     """The dtype for `--amp mode` on this machine; UserError where the GPU cannot run it."""
     if mode not in AMP_MODES:
         raise UserError(f"--amp {mode}: use one of {', '.join(AMP_MODES)}")
-    gpu = hw.gpu
+    gpu = machine.gpu
     if mode == "off":
         return AmpChoice(None, "--amp off")
     if mode == "bf16":
@@ -59,5 +59,5 @@ def choose_amp(hw: Hardware, mode: str) -> AmpChoice:
                                     "so fp16 with a loss scaler; --amp off for fp32 (several times slower here)")
 
 
-def amp_dtype(hw: Hardware, mode: str) -> torch.dtype | None:
-    return choose_amp(hw, mode).dtype
+def amp_dtype(machine: Hardware, mode: str) -> torch.dtype | None:
+    return choose_amp(machine, mode).dtype

@@ -41,10 +41,11 @@ class FrozenTextRows:
         # The rows' values live in the model section; which rows are frozen is the state here.
         return {"base_tokens": self.base_tokens}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        if int(state["base_tokens"]) != self.base_tokens:
-            raise ValueError(f"the checkpoint froze the first {state['base_tokens']} text rows, this run "
-                             f"{self.base_tokens}")
+    def load_state_dict(self, state: dict[str, int] | None) -> None:
+        """After the model section is restored: the rows to hold are the restored model's (the base
+        vocabulary's, kept exact since the run began). Which rows are frozen follows this run's vocabulary."""
+        self.saved_ids = [p.detach()[: self.base_tokens].clone() for p in self.params]
+        self.saved_extra = [p.detach()[-1:].clone() for p in self.params]
 
     def zero_grads(self) -> None:
         for p in self.params:

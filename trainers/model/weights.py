@@ -221,14 +221,23 @@ class GPTWeights:
         """The first trained parameter holding a NaN or inf (carried tensors were checked on load)."""
         return first_non_finite(self.model.named_parameters())
 
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], source: Path) -> None:
-        trained, carried, _ = split_state_dict(state)
+    def fit_problems(self, state: Mapping[str, torch.Tensor], source: Path | str) -> UserError | None:
+        """Why a saved model section cannot be loaded into this model (None: it can)."""
+        trained, _, _ = split_state_dict(state)
         own = self.model.state_dict()
         problems = [f"  missing: {k}" for k in sorted(set(own) - set(trained))]
         problems += [f"  {k}: checkpoint {tuple(v.shape)}, model {tuple(own[k].shape)}"
                      for k, v in sorted(trained.items()) if k in own and v.shape != own[k].shape]
-        if problems:
-            raise UserError("\n".join([f"{source} does not fit the model of this run:", *problems,
-                                       "resume with the --config and --tokenizer the run was started with"]))
+        if not problems:
+            return None
+        return UserError("\n".join([f"{source} does not fit the model of this run:", *problems,
+                                    "resume with the --config and --tokenizer the run was started with"]))
+
+    def load_state_dict(self, state: Mapping[str, torch.Tensor], source: Path | str = "the checkpoint") -> None:
+        refusal = self.fit_problems(state, source)
+        if refusal is not None:
+            raise refusal
+        trained, carried, _ = split_state_dict(state)
+        own = self.model.state_dict()
         self.model.load_state_dict({k: trained[k] for k in own}, strict=True)
         self.carried = {**carried, **{k: trained[k] for k in set(trained) - set(own)}}

@@ -40,7 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class RunConfig:
     """Everything that defines the run; the "run" section of a checkpoint."""
 
-    train: TrainConfig
+    settings: TrainConfig  # the settings (flags) of the run
     gpt: GPTConfig
     run_dir: Path
     run_id: str
@@ -49,7 +49,7 @@ class RunConfig:
     model_yaml: dict[str, Any]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "config": self.train.to_dict(), "model_config": self.gpt.to_dict(),
+        return {"run_id": self.run_id, "config": self.settings.to_dict(), "model_config": self.gpt.to_dict(),
                 "fingerprints": dict(self.fingerprints), "vocab": self.vocab.to_dict(), "versions": library_versions()}
 
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from trainers.checkpoint import schema
+from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig, compare, saved_settings
 from trainers.errors import UserError
@@ -22,7 +22,7 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     the differences, described, for the run's history.
     """
     saved = TrainConfig.from_dict(saved_settings(ckpt.settings))
-    changes = compare(saved, cfg.train, ckpt.fingerprints, cfg.fingerprints)
+    changes = compare(saved, cfg.settings, ckpt.fingerprints, cfg.fingerprints)
     for change in changes:
         log.info("setting differs from the saved run: %s", change.describe())
     breaking = [c for c in changes if c.breaks_exactness]
@@ -43,20 +43,20 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     raise UserError("\n".join(lines))
 
 
-def restore(components: dict[str, Any], ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> None:
-    """Load the optimizer, RNG and hardware components (the model, data position and progress were
-    loaded earlier, when the run was planned)."""
-    optim = components["optim"]
-    problems = optim.resume_problems(ckpt.section("optim"))
-    if problems and not cmd.force_resume:
+def restore(checkpoints: Checkpointer, ckpt: schema.Checkpoint, path: Path, force_resume: bool) -> None:
+    """Continue the saved run: every refusal first (nothing is loaded from a checkpoint this refuses),
+    then one call loads each section into its owner (Checkpointer.restore)."""
+    components = checkpoints.components
+    refusal = components["model"].fit_problems(ckpt.section("model"), path)
+    if refusal is not None:
+        raise refusal
+    problems = components["optim"].resume_problems(ckpt.section("optim"))
+    if problems and not force_resume:
         raise UserError("\n".join([f"{path} fails the resume checks:", *[f"  {p}" for p in problems],
                                    "pass --force-resume to continue anyway (the result will differ)"]))
     for p in problems:
         log.warning("continuing despite a failed resume check (--force-resume): %s", p)
-    if not problems:
-        optim.load_state_dict(ckpt.section("optim"))
-    for name in ("rng", "hardware"):
-        components[name].load_state_dict(ckpt.section(name))
+    checkpoints.restore(ckpt)
     if ckpt.versions != library_versions():
         log.warning("library versions differ from the saved run (%s now %s): results stay correct but may not be "
                     "bit-identical to an uninterrupted run", ckpt.versions, library_versions())

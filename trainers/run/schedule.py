@@ -24,7 +24,8 @@ log = logging.getLogger("train")
 
 
 def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int, cmd: CommandLine) -> LRSchedule:
-    schedule = adopt_schedule(saved, configured_schedule(cfg.train), step) if saved else configured_schedule(cfg.train)
+    configured = configured_schedule(cfg.settings)
+    schedule = adopt_schedule(saved, configured, step) if saved else configured
     if cmd.rewarm or cmd.reconfigure_scheduler:
         flag = "--rewarm" if cmd.rewarm else "--reconfigure-scheduler"
         if saved is None:
@@ -120,4 +121,4 @@ def _jump(before: float, after: float) -> str:
 
 
 def _stretched(cfg: RunConfig, end: int) -> LRSchedule:
-    return configured_schedule(replace(cfg.train, lr_decay_steps=end))
+    return configured_schedule(replace(cfg.settings, lr_decay_steps=end))

@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
 from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.checkpoint.recovery import set_aside
 from trainers.config.flags import CommandLine
+from trainers.config.settings import TrainConfig
 from trainers.data.loader import StepLoader
 from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
@@ -55,7 +55,7 @@ class Run:
     train_loader: StepLoader
     val_loader: StepLoader | None
     progress: TrainingProgress
-    hw: HardwarePlan
+    hardware: HardwarePlan  # device, precision, the split of a step into micro-batches
     checkpoints: Checkpointer
     total_steps: int  # where this invocation stops: --max-steps or the end of --epochs, whichever is first
     lock: RunLock | NoLock
@@ -64,6 +64,20 @@ class Run:
     @property
     def model(self) -> torch.nn.Module:
         return self.weights.model
+
+    @property
+    def settings(self) -> TrainConfig:
+        return self.cfg.settings
+
+    @property
+    def micro_batch(self) -> int:
+        """This process's micro-batch now (out-of-memory recovery lowers it)."""
+        return self.hardware.split.micro_batch
+
+    def validation_sets(self, count: int) -> dict[str, list[int]]:
+        """The first `count` validation samples' indices, by language."""
+        assert self.val_loader is not None
+        return self.val_loader.dataset.samples.languages(count)
 
     def close(self) -> None:
         """Finish the save in flight, then let go of the loader processes and the run directory."""
@@ -92,7 +106,7 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
         world.attach(run)  # one split for all processes, DDP, rank 0 writes the checkpoints
         # Background saves only if their host copy fits; measured now that a resumed checkpoint's host copy is gone.
         # Under torchrun the other processes of this machine start their loader processes too.
-        workers = run.hw.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
+        workers = run.hardware.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
         run.checkpoints.fit_to_host_memory(workers * world.local_size, world.local_size)
     except BaseException:
         run.close()
@@ -126,54 +140,51 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     ckpt = resume.checkpoint if resume else None
     changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
 
-    # Where this invocation stops and its learning rates: decided before any model is built.
+    # Where this invocation stops and its learning rates: decided before any model is built, from the
+    # checkpoint's position and schedule (read here; the one restore below loads them).
     data, val_set = build_data(cfg, inputs)
-    progress = TrainingProgress()
-    if ckpt:
-        data.load_state_dict(ckpt.section("data"))
-        progress.load_state_dict(ckpt.section("progress"))
-    end_of_epochs = progress.step + data.steps_left(cfg.train.epochs)
-    total = min(cfg.train.max_steps, end_of_epochs) if cfg.train.max_steps else end_of_epochs
+    step = ckpt.step if ckpt else 0
+    end_of_epochs = step + data.steps_left(cfg.settings.epochs, ckpt.section("data") if ckpt else None)
+    total = min(cfg.settings.max_steps, end_of_epochs) if cfg.settings.max_steps else end_of_epochs
     saved_schedule = LRSchedule.from_state_dict(ckpt.lr_schedule) if ckpt else None
-    schedule = plan_schedule(cfg, saved_schedule, progress.step, total, cmd)
+    schedule = plan_schedule(cfg, saved_schedule, step, total, cmd)
 
     if resume and resume.damaged and world.is_main:  # every refusal is behind us: move damaged newer checkpoints aside
         set_aside(run_dir, list(resume.damaged), resume.path)
-    same_device = cfg.train.device in ("auto", cmd.given.get("device"))
-    hardware = machine if same_device else detect_hardware(world.place(pick_device(cfg.train.device)))
-    precision = choose_amp(hardware, cfg.train.amp)  # refuses bf16 on a GPU without it, before the model is built
-    if cfg.train.deterministic:
+    same_device = cfg.settings.device in ("auto", cmd.given.get("device"))
+    chosen = machine if same_device else detect_hardware(world.place(pick_device(cfg.settings.device)))
+    precision = choose_amp(chosen, cfg.settings.amp)  # refuses bf16 on a GPU without it, before the model is built
+    if cfg.settings.deterministic:
         make_deterministic()
-    weights = build_weights(cfg, inputs, resume, hardware.device)
+    weights = build_weights(cfg, inputs, ckpt is not None, chosen.device)
     # Under torchrun the split is each process's, of its share of a step.
-    rank_cfg = replace(cfg.train, effective_batch=world.rank_batch(cfg.train.effective_batch))
-    hw = plan_hardware(rank_cfg, hardware, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
+    rank_cfg = replace(cfg.settings, effective_batch=world.rank_batch(cfg.settings.effective_batch))
+    hardware = plan_hardware(rank_cfg, chosen, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
                        run_dir, write_cache=world.is_main, world_size=world.size, precision=precision)
-    optim = build_optimization(cfg, weights, hw.amp_dtype, hw.device)
-    components: dict[str, Any] = {"model": weights, "optim": optim, "data": data, "progress": progress,
-                                  "rng": ProcessRNG(), "run": cfg, "hardware": hw}
+    optim = build_optimization(cfg, weights, hardware.amp_dtype, hardware.device, schedule)
+    progress = TrainingProgress()
+    background = cfg.settings.background_saves
+    background = hardware.machine.is_cuda if background is None else background
+    # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
+    checkpoints = Checkpointer(run_dir, cfg.settings.keep_checkpoints, {
+        "model": weights, "optim": optim, "data": data, "progress": progress, "rng": ProcessRNG(), "run": cfg,
+        "hardware": hardware}, background=background and world.is_main)
     if ckpt:
-        restore(components, ckpt, resume.path, cmd)
-    optim.schedule = schedule
+        restore(checkpoints, ckpt, resume.path, cmd.force_resume)
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
     if world.is_main:
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.train.tokenizer, cfg.train.demo)
+                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
-    loaders = [StepLoader(ds, hw.num_workers, hw.device.type == "cuda", cfg.train.seed) if ds else None
-               for ds in (data.dataset, val_set)]
-    background = cfg.train.background_saves if cfg.train.background_saves is not None else hw.hardware.is_cuda
-    # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
-    background = background and world.is_main
-    return Run(cfg, weights, optim, data, *loaders, progress, hw,
-               Checkpointer(run_dir, cfg.train.keep_checkpoints, components, background=background), total, lock,
-               world)
+    loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
+               if ds else None for ds in (data.dataset, val_set)]
+    return Run(cfg, weights, optim, data, *loaders, progress, hardware, checkpoints, total, lock, world)
 
 
 def log_summary(run: Run) -> None:
-    cfg, vocab, hw = run.cfg.train, run.cfg.vocab, run.hw
+    cfg, vocab, plan = run.cfg.settings, run.cfg.vocab, run.hardware
     n_train = sum(p.numel() for p in run.optim.params)
     log.info("model: %d layers, dim %d, %d text tokens; %.1fM trained parameters, %d carried tensors",
              run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, n_train / 1e6,
@@ -185,24 +196,24 @@ def log_summary(run: Run) -> None:
     elif vocab.extended:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
-    log.info("hardware: %s", hw.hardware.describe())
-    if hw.hardware.is_cuda:
+    log.info("hardware: %s", plan.machine.describe())
+    if plan.machine.is_cuda:
         log.info("%s", allocator_line(os.environ))
     if run.world.distributed:
-        split = batch_summary(run.world, cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation)
+        split = batch_summary(run.world, cfg.effective_batch, plan.split.micro_batch, plan.split.accumulation)
         log.info("batch: %s (%s; process r takes samples r, r+%d, r+%d, ... of each step); %d steps per epoch, "
-                 "%s order", split, hw.split.reason, run.world.size, 2 * run.world.size, run.data.steps_per_epoch,
+                 "%s order", split, plan.split.reason, run.world.size, 2 * run.world.size, run.data.steps_per_epoch,
                  cfg.data_order)
     else:
         log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch, %s order",
-                 cfg.effective_batch, hw.split.micro_batch, hw.split.accumulation, hw.split.reason,
+                 cfg.effective_batch, plan.split.micro_batch, plan.split.accumulation, plan.split.reason,
                  run.data.steps_per_epoch, cfg.data_order)
-    amp = AmpChoice(hw.amp_dtype, hw.amp_reason)
-    log.info("data workers %d (%s); amp %s (%s); TF32 %s", hw.num_workers, hw.workers_reason, amp.name, amp.reason,
-             "on" if hw.tf32 else "off" + (" (--no-tf32)" if hw.hardware.is_cuda and not cfg.tf32 else ""))
+    amp = AmpChoice(plan.amp_dtype, plan.amp_reason)
+    log.info("data workers %d (%s); amp %s (%s); TF32 %s", plan.num_workers, plan.workers_reason, amp.name, amp.reason,
+             "on" if plan.tf32 else "off" + (" (--no-tf32)" if plan.machine.is_cuda and not cfg.tf32 else ""))
     if cfg.deterministic:
         gpt = run.cfg.gpt
-        log_determinism(hw.hardware, hw.amp_dtype, gpt.heads, gpt.model_dim // gpt.heads,
+        log_determinism(plan.machine, plan.amp_dtype, gpt.heads, gpt.model_dim // gpt.heads,
                         PREFIX_LEN + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
     past_end = f"; the floor {schedule.floor:.4g} from step {schedule.end_step} on" \

@@ -57,6 +57,7 @@ from trainers.stop_signals import STOP_SIGNALS, StopRequest, ignore_stop_signals
 from trainers.training.collective_wait import await_works, lost_contact
 from trainers.training.gradient_sum import wrap_for_gradient_sum
 from trainers.training.rank_zero import MainRankCheckpoints
+from trainers.training.step_failures import StepFailures
 from trainers.training.train_log import StepMetrics
 from trainers.training.torchrun_env import (
     DEFAULT_TIMEOUT_S, NCCL_WATCHDOG_MARGIN_S, delay_nccl_watchdog, label_log_lines, read_torchrun_env,
@@ -145,20 +146,21 @@ class World:
         """The most samples of a step one process gets."""
         return math.ceil(effective_batch / self.size)
 
-    def share(self, items: Sequence[Any]) -> list[Any]:
+    def own_items(self, items: Sequence[Any]) -> list[Any]:
         """This process's items: every size-th one from the rank-th on."""
         return list(items[self.rank::self.size]) if self.distributed else list(items)
 
-    def share_plan(self, plan: StepPlan, micro_batch: int) -> StepPlan:
-        """This process's samples of a step (possibly none), cut into micro-batches."""
+    def own_part(self, plan: StepPlan, micro_batch: int) -> StepPlan:
+        """This process's part of a step: its samples (possibly none), cut into micro-batches."""
         if not self.distributed:
             return plan
-        mine = self.share(plan.samples)
+        mine = self.own_items(plan.samples)
         return StepPlan(plan.epoch, plan.step_in_epoch, [mine[i: i + micro_batch]
                                                          for i in range(0, len(mine), micro_batch)])
 
-    def share_plans(self, plans: StepPlans, micro_batch: int) -> StepPlans:
-        return plans.each(lambda plan: self.share_plan(plan, micro_batch)) if self.distributed else plans
+    def own_parts(self, plans: StepPlans, micro_batch: int) -> StepPlans:
+        """This process's part of each step (what its data loader reads)."""
+        return plans.each(lambda plan: self.own_part(plan, micro_batch)) if self.distributed else plans
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -200,7 +202,7 @@ class World:
         import torch.distributed as dist
 
         here = [0] * 7 if run is None else [1, run.progress.step, run.data.epoch, run.data.samples_in_epoch,
-                                             run.cfg.train.effective_batch, run.cfg.train.seed,
+                                             run.cfg.settings.effective_batch, run.cfg.settings.seed,
                                              len(run.data.samples)]
         mine = torch.tensor(here, dtype=torch.int64)
         everyone = [torch.zeros_like(mine) for _ in range(self.size)]
@@ -228,28 +230,29 @@ class World:
             return
         import torch.distributed as dist
 
-        hw = run.hw
-        smallest = self._reduce([hw.split.micro_batch, hw.val_batch], dist.ReduceOp.MIN, "start-up")
+        plan = run.hardware
+        smallest = self._reduce([plan.split.micro_batch, plan.val_batch], dist.ReduceOp.MIN, "start-up")
         micro, val_batch = int(smallest[0]), int(smallest[1])
-        if micro != hw.split.micro_batch:
-            hw.split = split_for(self.rank_batch(run.cfg.train.effective_batch), micro,
-                                 f"{hw.split.reason}; the smallest of the processes")
-        hw.val_batch = val_batch
-        effective = run.cfg.train.effective_batch
+        if micro != plan.split.micro_batch:
+            plan.split = split_for(self.rank_batch(run.cfg.settings.effective_batch), micro,
+                                   f"{plan.split.reason}; the smallest of the processes")
+        plan.val_batch = val_batch
+        effective = run.cfg.settings.effective_batch
         if self.size > effective and self.is_main:
             log.warning("%d processes for an effective batch of %d: processes %d to %d never get a sample and only "
                         "wait for the others; use at most %d processes", self.size, effective, effective,
                         self.size - 1, effective)
-        self._ddp, self._pending = self._collective(lambda: wrap_for_gradient_sum(run.model, hw.device), "start-up")
+        self._ddp, self._pending = self._collective(lambda: wrap_for_gradient_sum(run.model, plan.device), "start-up")
         run.checkpoints = self._checkpoints = MainRankCheckpoints(run.checkpoints, self, run.model)  # rank_zero.py
 
     # --- a step -----------------------------------------------------------------------------
 
-    def accumulating(self) -> contextlib.AbstractContextManager:
-        """Around a step's micro-batches: gradients accumulate locally, nothing is communicated."""
+    def without_gradient_sum(self) -> contextlib.AbstractContextManager:
+        """Around a step's micro-batches: gradients accumulate locally, nothing is communicated until
+        `sum_gradients`."""
         return self._ddp.no_sync() if self._ddp is not None else contextlib.nullcontext()
 
-    def sync_gradients(self) -> None:
+    def sum_gradients(self) -> None:
         """Sum the accumulated gradients over the processes (every process must call it once per step,
         also one with no samples and one that ran out of memory: the others wait for it)."""
         if self._ddp is None:
@@ -270,10 +273,10 @@ class World:
             self.broken = True
             raise
 
-    def agree_on_step(self, oom: str | None, bad_sample: FeatureError | None,
-                      metrics: StepMetrics) -> tuple[str | None, StepMetrics]:
-        """After the gradients: did any process run out of memory (all redo the step) or meet a bad
-        sample (all stop)? Also the step's loss sums and token counts over all processes."""
+    def agree_on_step_outcome(self, failures: StepFailures, metrics: StepMetrics) -> tuple[str | None, StepMetrics]:
+        """After the gradients: did any process run out of memory (all redo the step: returns the error) or
+        meet a bad sample (all stop: raises it)? Also the step's loss sums and token counts over all processes."""
+        oom, bad_sample = failures.oom, failures.bad_sample
         if not self.distributed:
             if bad_sample is not None:
                 raise bad_sample
@@ -311,8 +314,8 @@ class World:
                         int(sum(counts)), self.size)
         return True
 
-    def reduce_validation(self, metrics: dict[str, StepMetrics],
-                          error: str | None) -> tuple[dict[str, StepMetrics], str | None]:
+    def sum_validation(self, metrics: dict[str, StepMetrics],
+                       error: str | None) -> tuple[dict[str, StepMetrics], str | None]:
         """The validation sums of all processes (per language); out of memory anywhere: all redo it."""
         if not self.distributed:
             return metrics, error

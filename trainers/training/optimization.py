@@ -1,11 +1,15 @@
 """How a step's gradients become an update: AdamW, its learning-rate schedule, the loss scaler
 and the frozen vocabulary rows. The "optim" section of a checkpoint.
 
-`step()` is the trainer's optimizer step, in the one order that keeps frozen rows exact:
-unscale (fp16), zero the frozen rows' gradients (so they count neither in the clipping norm nor
-in Adam's moments), clip, update, then write the frozen rows back (undoing AdamW's decoupled
-weight decay bit for bit). `prepare()` changes no weight, so an out-of-memory error in it can
-be recovered from like one in forward/backward.
+`prepare()` then `apply()` is the trainer's optimizer step, in the one order that keeps frozen
+rows exact: unscale (fp16), zero the frozen rows' gradients (so they count neither in the
+clipping norm nor in Adam's moments), clip, update, then write the frozen rows back (undoing
+AdamW's decoupled weight decay bit for bit). `prepare()` changes no weight, so an out-of-memory
+error in it can be recovered from like one in forward/backward.
+
+The learning-rate schedule is decided before the model exists (trainers/run/schedule.py: the
+saved one, a changed one or a continuation) and handed to the constructor; without one (tests,
+a fresh optimizer) the configured schedule is built here. Either way it is built once.
 """
 from __future__ import annotations
 
@@ -36,12 +40,21 @@ class StepResult:
 
 class Optimization:
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | None,
-                 device_type: str = "cuda") -> None:
+                 device_type: str = "cuda", schedule: LRSchedule | None = None) -> None:
         self.optimizer, self.param_names = _adamw(model, cfg)
-        self.schedule = configured_schedule(cfg)
+        self.schedule = schedule if schedule is not None else configured_schedule(cfg)
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
         self.frozen = frozen
         self.grad_clip = cfg.grad_clip
+
+    @property
+    def fp16(self) -> bool:
+        """Gradients are scaled (fp16 autocast): the scaler skips the updates whose gradients overflowed."""
+        return self.scaler.is_enabled()
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.get_scale()
 
     @property
     def params(self) -> list[torch.nn.Parameter]:
@@ -74,9 +87,6 @@ class Optimization:
         # The scaler lowers its scale exactly when it skipped the update.
         applied = self.scaler.get_scale() >= scale if self.scaler.is_enabled() else math.isfinite(grad_norm)
         return StepResult(grad_norm, applied)
-
-    def step(self) -> StepResult:
-        return self.apply(self.prepare())
 
     def non_finite(self) -> str | None:
         """The first optimizer state tensor holding a NaN or inf, e.g. "gpt.h.0.ln_1.weight.exp_avg"."""
@@ -120,10 +130,16 @@ class Optimization:
         return problems or ["optimizer parameter order differs from the checkpoint"]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore AdamW and the scaler (the schedule is decided with the run's plan: trainers/run/schedule.py)."""
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"] and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
+        """Restore AdamW and the scaler where the saved state fits these parameters (where it does not, the
+        caller has refused, or warned under --force-resume, and the optimizer starts fresh); take the frozen
+        rows from the model, restored before this section. The saved schedule was read when the run was
+        planned, before the model was built (trainers/run/schedule.py), and given to the constructor."""
+        if not self.resume_problems(state):
+            self.optimizer.load_state_dict(state["optimizer"])
+            if state["scaler"] and self.scaler.is_enabled():
+                self.scaler.load_state_dict(state["scaler"])
+        if self.frozen:
+            self.frozen.load_state_dict(state["frozen_rows"])
 
 
 def _adamw(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
