@@ -13,7 +13,6 @@ import os
 import time
 from typing import Iterator
 
-import torch
 from tqdm import tqdm
 
 from trainers import PROCESS_START
