@@ -24,6 +24,8 @@ manifest's), the ones the codes were generated from, so the latent belongs to th
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import json
 import sys
@@ -75,8 +77,9 @@ def import_upstream(indextts_dir: Path | None) -> Upstream:
         if not (root / "indextts" / "infer_v2.py").is_file():
             raise UserError(install_help(f"{root} holds no indextts/infer_v2.py (not an IndexTTS2 checkout)",
                                          indextts_dir))
-        sys.path.insert(0, str(root))
     try:
+        if indextts_dir is not None:
+            _load_package("indextts", root)
         module = importlib.import_module("indextts.infer_v2")
         torchaudio = importlib.import_module("torchaudio")
     except ModuleNotFoundError as exc:
@@ -89,6 +92,21 @@ def import_upstream(indextts_dir: Path | None) -> Upstream:
     if not hasattr(module, "IndexTTS2"):
         raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir))
     return Upstream(module, torchaudio)
+
+
+def _load_package(name: str, root: Path) -> None:
+    """Import package `name` from the folder `root` alone (its submodules follow from the package's
+    own path), leaving the import path of this process as it is."""
+    spec = importlib.machinery.PathFinder.find_spec(name, [str(root)])
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError(f"no module named {name!r} in {root}", name=name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
 
 
 def read_model_dir(model_dir: Path) -> dict[str, Any]:

@@ -28,7 +28,6 @@ them). Nothing is written before every input has been checked and the models hav
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +41,12 @@ from trainers.tools import indextts_upstream as upstream_tts
 from trainers.tools.sample_features import SampleInputs, sample_inputs
 from trainers.tools.wav_files import safe_names, write_wav
 
-log = logging.getLogger("render")
 AUDIO_DIR = "audio"
 TAG = "gen_audio"
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -104,13 +106,13 @@ def render(args: argparse.Namespace) -> list[str]:
         raise UserError(f"--prompt-audio {args.prompt_audio}: no such file")
     s = job.sample_set
     wanted = [(i, sid) for i, sid in enumerate(s.ids) if len(s.codes[i])]
+    inputs = sample_inputs(args.run_dir, args.manifest, config["gpt"], [sid for _, sid in wanted])
     for i, sid in enumerate(s.ids):
         if not len(s.codes[i]):
-            log.warning("sample %s of step %d has no codes (it stopped at once): no WAV for it", sid, s.step)
-    inputs = sample_inputs(args.run_dir, args.manifest, config["gpt"], [sid for _, sid in wanted])
+            warn(f"sample {sid} of step {s.step} has no codes (it stopped at once): no WAV for it")
     note = latent_note(args.model_dir, s.step)
     if note:
-        log.warning(note)
+        warn(note)
     tts = upstream_tts.load_pipeline(upstream, args.model_dir, args.device)
     voice = upstream_tts.prompt_voice(upstream, tts, args.prompt_audio)
     job.out.mkdir(parents=True, exist_ok=True)
@@ -131,7 +133,7 @@ def _render_one(tts: Any, voice: upstream_tts.Voice, job: Job, i: int, x: Sample
     path = job.out / f"{job.names[i]}.wav"
     write_wav(path, wav, upstream_tts.SAMPLE_RATE)
     ended = "stopped" if s.stopped[i] else "hit the length limit"
-    log.info("wrote %s (%.2f s from %d codes, %s)", path, wav.size / upstream_tts.SAMPLE_RATE, len(s.codes[i]), ended)
+    print(f"wrote {path} ({wav.size / upstream_tts.SAMPLE_RATE:.2f} s from {len(s.codes[i])} codes, {ended})", flush=True)
     return wav
 
 
@@ -154,7 +156,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stdout)
     try:
         for line in render(args):
             print(line)
