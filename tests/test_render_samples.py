@@ -324,3 +324,31 @@ def test_existing_wav_files_are_kept_unless_overwrite_is_given(setup, tmp_path, 
     assert (out / "demo_val_00000.wav").read_bytes() == b"mine"
     assert main([*flags, "--out", str(out), "--overwrite"]) == 0
     assert read_wav(out / "demo_val_00000.wav")[0] == 22050
+
+
+def test_the_gpt_latent_is_upstreams_forward_over_the_samples_own_conditioning():
+    """Against upstream's real UnifiedVoice (skipped where it does not import; tiny random weights): the
+    forward the command calls accepts its arguments and gives, for each code, the hidden state our model's
+    teacher-forced pass has there, so the latent the s2mel model reads belongs to the codes and their
+    conditioning."""
+    import torch
+
+    pytest.importorskip("indextts.gpt.model_v2", reason="upstream IndexTTS2 is not installed (see "
+                        "tests/test_generation_parity.py for how to install it)")
+    from tests.test_generation import model, texts
+    from tests.test_generation_parity import upstream_model
+    from trainers.tools.indextts_upstream import gpt_latent
+
+    ours = model()
+    uv = upstream_model(ours)
+    batch = texts()
+    n = int(batch["text_lens"][1])
+    text, codes = batch["text_ids"][1, :n], torch.tensor([3, 17, 5, 5, 9, 0, 21])
+    cond, emo = batch["condition"][1], batch["emo_vec"][1]
+    latent = gpt_latent(types.SimpleNamespace(gpt=uv, device="cpu"), text.numpy(), codes.numpy(), cond.numpy(),
+                        emo.numpy())
+    with torch.no_grad():
+        _, h_mel, _, _ = ours._teacher_forced(cond[None], emo[None], text[None], torch.tensor([n]), codes[None],
+                                              torch.tensor([7]), None, "upstream")
+    assert latent.shape == (1, 7, ours.cfg.model_dim)
+    torch.testing.assert_close(latent, h_mel[:, :7], rtol=1e-5, atol=1e-5)  # [start, codes...] positions

@@ -187,21 +187,32 @@ def prompt_voice(upstream: Upstream, tts: Any, audio: Path) -> Voice:
     return Voice(condition, ref_mel, style)
 
 
+def gpt_latent(tts: Any, text_ids: np.ndarray, codes: np.ndarray, condition: np.ndarray, emo_vec: np.ndarray) -> Any:
+    """The GPT's latent of the codes [1, M, D]: upstream's forward over the text and codes (as infer_v2 calls
+    it after generating) on the sample's own conditioning latent and emotion vector."""
+    import torch
+
+    dev = tts.device
+    text = torch.as_tensor(np.asarray(text_ids), dtype=torch.int32, device=dev).unsqueeze(0)
+    code = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=dev).unsqueeze(0)
+    with torch.no_grad():
+        # emo_vec given: upstream's forward skips the emotion encoder, so its audio-feature input is unused.
+        return tts.gpt(torch.as_tensor(condition, device=dev).unsqueeze(0), text,
+                       torch.tensor([text.shape[1]], device=dev), code, torch.tensor([code.shape[1]], device=dev),
+                       None, emo_vec=torch.as_tensor(emo_vec, device=dev).unsqueeze(0),
+                       use_speed=torch.zeros(1, dtype=torch.long, device=dev))
+
+
 def render_codes(tts: Any, voice: Voice, text_ids: np.ndarray, codes: np.ndarray, condition: np.ndarray,
                  emo_vec: np.ndarray) -> np.ndarray:
     """One sample's waveform (floats, about [-1, 1], at SAMPLE_RATE) from its codes, text and conditioning."""
     import torch
 
     dev = tts.device
-    text = torch.as_tensor(np.asarray(text_ids), dtype=torch.int32, device=dev).unsqueeze(0)
+    latent = gpt_latent(tts, text_ids, codes, condition, emo_vec)
     code = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=dev).unsqueeze(0)
     code_lens = torch.tensor([code.shape[1]], device=dev)
     with torch.no_grad():
-        # emo_vec given: upstream's forward skips the emotion encoder, so its audio-feature input is unused.
-        latent = tts.gpt(torch.as_tensor(condition, device=dev).unsqueeze(0), text,
-                         torch.tensor([text.shape[1]], device=dev), code, code_lens, None,
-                         emo_vec=torch.as_tensor(emo_vec, device=dev).unsqueeze(0),
-                         use_speed=torch.zeros(1, dtype=torch.long, device=dev))
         models = tts.s2mel.models
         semantic = tts.semantic_codec.quantizer.vq2emb(code.unsqueeze(1)).transpose(1, 2)
         semantic = semantic + models["gpt_layer"](latent)
