@@ -249,7 +249,7 @@ def test_a_wav_file_reads_back_as_16_bit_pcm(tmp_path):
 
 
 def test_sample_ids_become_distinct_safe_file_names(tmp_path):
-    ids = ["utt_1", "a/b", "a_b", "../up", ".hidden", "spk 1:x?", "ünï", "Ab", "ab", "lone\ud800", "x" * 300, ""]
+    ids = ["utt_1", "a/b", "a_b", "../up", ".hidden", "spk 1:x?", "ünï", "Ab", "ab", "lone\ud800", "x" * 300, "я" * 200, ""]
     names = safe_names(ids)
     assert names[0] == "utt_1" and names[2] == "a_b" and names[6] == "ünï"  # good names are kept as they are
     assert len({n.casefold() for n in names}) == len(ids)

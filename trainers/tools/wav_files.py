@@ -21,7 +21,7 @@ from trainers.files import write_bytes_atomically
 
 PCM16_MAX = 32767  # full scale; -32768 is left out so a waveform and its negation have the same peak
 _UNSAFE = re.compile(r"[^\w.-]", re.UNICODE)
-MAX_STEM = 120  # characters of the id kept (file names are limited to 255 bytes; UTF-8 takes up to 4)
+MAX_STEM_BYTES = 150  # of the id kept, in UTF-8: file names are limited to 255 bytes on most file systems
 
 
 def _digest(text: str) -> str:
@@ -30,7 +30,8 @@ def _digest(text: str) -> str:
 
 def safe_name(sample_id: str) -> str:
     """A file stem for `sample_id`: the id itself when it is a safe name, else a cleaned id + its digest."""
-    stem = _UNSAFE.sub("_", sample_id)[:MAX_STEM].lstrip(".")
+    cleaned = _UNSAFE.sub("_", sample_id)  # no lone surrogates left: they are not \w
+    stem = cleaned.encode("utf-8")[:MAX_STEM_BYTES].decode("utf-8", "ignore").lstrip(".")
     if stem == sample_id and stem:
         return stem
     return f"{stem or 'sample'}-{_digest(sample_id)}"
