@@ -192,6 +192,8 @@ def test_a_folder_that_is_not_a_checkout_and_a_missing_requirement_are_refused(s
     assert main([*flags, "--indextts-dir", str(tmp_path / "data")]) == 2
     err = capsys.readouterr().err
     assert "holds no indextts/infer_v2.py (not an IndexTTS2 checkout)" in err and "pip install -e" in err
+    assert main([*flags, "--indextts-dir", str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
     broken = fake_upstream(tmp_path / "broken", extra_import="import librosa_not_installed_here\n")
     assert main([*flags, "--indextts-dir", str(broken)]) == 2
     err = capsys.readouterr().err

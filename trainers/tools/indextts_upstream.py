@@ -73,6 +73,8 @@ def import_upstream(indextts_dir: Path | None) -> Upstream:
     """indextts.infer_v2 from `indextts_dir` (a checkout's root, or its indextts/ folder) or the installed
     package; a UserError with the install instructions when it or a module it needs is missing."""
     if indextts_dir is not None:
+        if not indextts_dir.is_dir():
+            raise UserError(install_help(f"no such folder {indextts_dir}", indextts_dir))
         root = indextts_dir.parent if (indextts_dir / "infer_v2.py").is_file() else indextts_dir
         if not (root / "indextts" / "infer_v2.py").is_file():
             raise UserError(install_help(f"{root} holds no indextts/infer_v2.py (not an IndexTTS2 checkout)",
