@@ -233,6 +233,11 @@ def test_inputs_are_checked_before_anything_is_written(setup, tmp_path, capsys):
     assert main([*flags, "--manifest", str(other)]) == 2
     err = capsys.readouterr().err
     assert "1 sample(s) of the set are in no manifest of" in err and "(first: 'demo_val_00001')" in err
+    SampleStore(run, keep=3).write(new_set(STEP + 1, IDS[:1], ["en"], [[3, 128]], [False], [2]))
+    before = files_under(run)
+    assert main([*flags, "--step", str(STEP + 1)]) == 2
+    err = capsys.readouterr().err
+    assert "sample demo_val_00000 of step 41 holds code 128 or 3, outside 0..127" in err
     assert files_under(run) == before
 
 
