@@ -24,17 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainers.config.settings import LORA_TARGET_PATHS
 from trainers.model.gpt_model import Conv1D, UnifiedVoiceGPT
 from trainers.model.sample_dropout import WidthDropout
 
-# The projections of a GPT block that can carry adapters, by the name a user gives and the module path
-# inside a block (gpt.h.N.<path>).
-TARGET_PATHS = {
-    "c_attn": "attn.c_attn",  # query, key and value in one matrix
-    "attn_c_proj": "attn.c_proj",
-    "c_fc": "mlp.c_fc",
-    "mlp_c_proj": "mlp.c_proj",
-}
+TARGET_PATHS = LORA_TARGET_PATHS  # the projections that can carry adapters, by name and path in a block
 # All four: adapting every projection of the block, not only the attention's query and value (the LoRA
 # paper's choice), is what brings LoRA close to full fine-tuning in QLoRA's comparison (Dettmers et al.,
 # 2023); for a new voice or language the MLPs hold much of what has to change.
