@@ -2,12 +2,23 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import signal
 from pathlib import Path
 
 import pytest
+import torch
 
-from trainers.config.flags import lora_targets
-from tests.demo_runs import train_here
+from tests.demo_runs import final_state, train, train_here
+from trainers.checkpoint import schema
+from trainers.config.flags import lora_targets, parse_command_line
+from trainers.faults import Faults
+from trainers.files import file_sha256
+from trainers.main import train as train_run
+from trainers.model.lora import DEFAULT_TARGETS, is_adapter_key
+from trainers.model.weights import read_state_dict, split_state_dict
+from trainers.run.setup import setup_run
+from trainers.stop_signals import StopRequest
 
 SHORT = ["--max-steps", "4", "--save-interval", "2", "--val-interval", "0", "--log-interval", "2"]
 
@@ -35,3 +46,100 @@ def test_bad_lora_flags_exit_2_naming_the_flag(tmp_path: Path, demo_assets: list
     assert not out.exists() or not any(out.glob("*.pth"))
     if text:
         assert named in text, text
+
+
+STEPS = 12
+# Micro-batches of 8, two per step (kills land mid-accumulation); adapter and model dropout both on, so the
+# sample-keyed masks are part of what a resume must reproduce.
+COMMON = ["--lora-rank", "4", "--lora-dropout", "0.1", "--dropout", "0.1", "--batch-size", "8",
+          "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "4", "--val-interval", "0",
+          "--max-val-batches", "1", "--keep-checkpoints", "2", "--log-interval", "5"]
+
+
+@pytest.fixture(scope="module")
+def lora_reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lora_reference") / "run"
+    result = train_here(out, *demo_assets, *COMMON)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_sigkill_mid_accumulation_and_mid_write_then_resume_is_bit_identical(demo_assets, lora_reference, tmp_path):
+    out = tmp_path / "run"
+    kills = ["micro:6:1", "save:8:tmp_written", None]  # mid gradient accumulation; inside a checkpoint write
+    killed = train(out, *demo_assets, *COMMON, kill_at=kills[0])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    for kill_at, resumes_from in zip(kills[1:], (4, 4)):
+        resumed = train(out, "--resume", "auto", kill_at=kill_at) if kill_at else train_here(out, "--resume", "auto")
+        assert resumed.returncode == (-signal.SIGKILL if kill_at else 0), resumed.stderr
+        assert f"(step {resumes_from}," in resumed.stderr
+    a, b = final_state(lora_reference), final_state(out)
+    assert a.step == b.step == STEPS
+    assert a.model.keys() == b.model.keys()
+    for key in a.model:
+        assert torch.equal(a.model[key], b.model[key]), key
+    for pa, pb in zip(a.optimizer["state"].values(), b.optimizer["state"].values()):
+        assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_the_checkpoint_holds_adapters_only_and_names_its_base(demo_assets, lora_reference):
+    ckpt = final_state(lora_reference)
+    assert ckpt.format_version == schema.LORA_VERSION
+    assert ckpt.model and all(is_adapter_key(k) for k in ckpt.model)  # no base tensor (the demo vocabulary is not extended)
+    assert {n for n, _ in ckpt.param_shapes} == set(ckpt.model)  # the optimizer covers exactly the adapters
+    base = Path(demo_assets[demo_assets.index("--base-checkpoint") + 1])
+    assert ckpt.lora == {"rank": 4, "alpha": 8.0, "targets": list(DEFAULT_TARGETS), "dropout": 0.1,
+                         "base": str(base), "base_sha256": file_sha256(base)}
+    # Much smaller than the base it adapts: the adapters and their moments, no model copy.
+    adapter_bytes = sum(t.numel() * t.element_size() for t in ckpt.model.values())
+    base_bytes = sum(t.numel() * t.element_size() for t in read_state_dict(base).values())
+    assert adapter_bytes * 5 < base_bytes
+
+
+def test_the_base_weights_are_bit_identical_after_training(demo_assets, tmp_path):
+    """The trainer's own run, in this process: after its steps every base tensor equals the file's."""
+    cmd = parse_command_line(["--output-dir", str(tmp_path / "run"), *demo_assets, *COMMON, "--max-steps", "3"])
+    run = setup_run(cmd)
+    try:
+        assert train_run(run, StopRequest(), Faults.from_env()) == 0
+    finally:
+        run.close()
+    base = Path(demo_assets[demo_assets.index("--base-checkpoint") + 1])
+    trained, carried, _ = split_state_dict(read_state_dict(base))
+    own = run.model.state_dict()
+    assert set(trained) == {k for k in own if not is_adapter_key(k)}
+    for key, value in trained.items():
+        assert torch.equal(own[key], value), key
+    assert all(torch.equal(run.weights.carried[k], v) for k, v in carried.items())
+    assert any(bool(v.abs().sum() > 0) for k, v in own.items() if k.endswith(".lora_b"))  # the adapters did train
+
+
+def test_a_changed_base_is_refused_by_name(demo_assets, lora_reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(lora_reference, out)
+    base = Path(demo_assets[demo_assets.index("--base-checkpoint") + 1])
+    other = tmp_path / "other_base.pth"
+    state = read_state_dict(base)
+    state["gpt.h.0.ln_1.weight"] = state["gpt.h.0.ln_1.weight"] + 1
+    torch.save({"model": state}, other)
+    before = {p.name: p.read_bytes() for p in out.glob("*.pth")}
+    result = train_here(out, "--resume", "auto", "--base-checkpoint", str(other), "--max-steps", str(STEPS + 2))
+    assert result.returncode == 2, result.stderr
+    assert f"--base-checkpoint {other} is not the file this LoRA run was trained on" in result.stderr
+    assert f"the run used {base}" in result.stderr
+    assert {p.name: p.read_bytes() for p in out.glob("*.pth")} == before  # nothing on disk changed
+
+
+def test_a_rank_change_is_refused_unless_allowed(demo_assets, lora_reference, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(lora_reference, out)
+    refused = train_here(out, "--resume", "auto", "--lora-rank", "8", "--max-steps", str(STEPS + 2))
+    assert refused.returncode == 2, refused.stderr
+    assert "lora_rank: saved 4, now 8 (changes the result)" in refused.stderr
+    assert final_state(out).step == STEPS
+    # Allowed, the saved adapters (rank 4) do not fit rank-8 ones: refused by tensor name, nothing loaded.
+    allowed = train_here(out, "--resume", "auto", "--lora-rank", "8", "--allow-config-change",
+                         "--max-steps", str(STEPS + 2))
+    assert allowed.returncode == 2, allowed.stderr
+    assert "gpt.h.0.attn.c_attn.lora_a: checkpoint (64, 4), model (64, 8)" in allowed.stderr
+    assert final_state(out).step == STEPS

@@ -131,6 +131,9 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         "tokenizer": tokenizer_sha,
         "model_config": model_config_fingerprint(gpt),
     }
+    if cfg.lora_rank and cfg.base_checkpoint:
+        # A LoRA checkpoint holds no base tensors: its base is this file, recognised on resume by its bytes.
+        fingerprints["base_checkpoint"] = file_sha256(Path(cfg.base_checkpoint))
     base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint and read_base else None
     if base_state is not None:
         refuse_bad_values(base_state, Path(cfg.base_checkpoint))

@@ -74,9 +74,10 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     if saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
         settings = _weights_only_start(cmd, settings, saved, text_tokens)
         saved = None
-    # A resumed checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
+    # A resumed full checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
+    # A LoRA checkpoint holds only what the run trains: its base is read on resume too.
     inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer),
-                         read_base=not (saved and saved.checkpoint))
+                         read_base=not (saved and saved.checkpoint) or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
     if saved and saved.checkpoint:
@@ -198,6 +199,9 @@ def _lora_values(given: dict[str, Any], values: dict[str, Any]) -> dict[str, Any
     """--lora-alpha defaults to 2 x --lora-rank; the other LoRA flags mean nothing without a rank."""
     rank = values.get("lora_rank", 0)
     stray = [k for k in LORA_KEYS[1:] if k in given]
+    if isinstance(rank, int) and rank > 0 and not values.get("base_checkpoint"):
+        raise UserError(f"--lora-rank {rank} adapts a trained model: pass --base-checkpoint gpt.pth (adapters on random "
+                        "weights learn nothing a full fine-tuning would not); nothing was written")
     if rank == 0 and stray:
         raise UserError(f"{', '.join(flag_of(k) for k in stray)} configure LoRA adapters: pass --lora-rank R (R > 0) "
                         "with them, or leave them out for full fine-tuning (nothing was written)")
