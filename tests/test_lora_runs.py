@@ -143,3 +143,13 @@ def test_a_rank_change_is_refused_unless_allowed(demo_assets, lora_reference, tm
     assert allowed.returncode == 2, allowed.stderr
     assert "gpt.h.0.attn.c_attn.lora_a: checkpoint (64, 4), model (64, 8)" in allowed.stderr
     assert final_state(out).step == STEPS
+
+
+def test_a_full_fine_tuning_checkpoint_is_unchanged_by_lora(demo_assets, tmp_path):
+    """Rank 0 writes format 3 with exactly the settings and fingerprints it wrote before LoRA existed."""
+    out = tmp_path / "run"
+    assert train_here(out, *demo_assets, *SHORT).returncode == 0
+    ckpt = final_state(out)
+    assert ckpt.format_version == schema.VERSION == 3 and ckpt.lora is None
+    assert not {k for k in ckpt.settings if k.startswith("lora_")}
+    assert set(ckpt.fingerprints) == {"data", "tokenizer", "model_config"}
