@@ -153,3 +153,21 @@ def test_a_full_fine_tuning_checkpoint_is_unchanged_by_lora(demo_assets, tmp_pat
     assert ckpt.format_version == schema.VERSION == 3 and ckpt.lora is None
     assert not {k for k in ckpt.settings if k.startswith("lora_")}
     assert set(ckpt.fingerprints) == {"data", "tokenizer", "model_config"}
+
+
+def test_the_base_is_found_again_through_data_root_after_a_move(demo_assets, tmp_path):
+    """A LoRA checkpoint needs its base on resume: a moved base is found through --data-root (and checked by sha256)."""
+    assets = Path(demo_assets[demo_assets.index("--base-checkpoint") + 1]).parent
+    old, new = tmp_path / "data_old", tmp_path / "data_new"
+    shutil.copytree(assets, old)
+    flags = [str(old / Path(a).relative_to(assets)) if a.startswith(str(assets)) else a for a in demo_assets]
+    out = tmp_path / "run"
+    assert train_here(out, *flags, *COMMON, "--max-steps", "2").returncode == 0
+    old.rename(new)
+    lost = train_here(out, "--resume", "auto", "--max-steps", "4")  # without --data-root: named, not assumed carried
+    assert lost.returncode == 2, lost.stderr
+    assert f"--base-checkpoint {old / 'base_gpt.pth'}" in lost.stderr and "not needed" not in lost.stderr
+    resumed = train_here(out, "--resume", "auto", "--data-root", f"{old}={new}", "--max-steps", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"input moved: --base-checkpoint {old / 'base_gpt.pth'} -> {new / 'base_gpt.pth'}" in resumed.stderr
+    assert final_state(out).step == 4

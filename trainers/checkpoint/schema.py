@@ -23,7 +23,7 @@ Formats: 1 kept every field at the top level; 2 introduced the sections; 3 is 2 
 required integrity section. Files of formats 1 and 2 still load, marked as not verified.
 4 is a LoRA run's checkpoint (run.config.lora_rank > 0): format 3 whose model section holds only
 the tensors the run trains (adapters, an extended vocabulary's text rows), the base being named
-by run.config.base_checkpoint and its sha256 in run.fingerprints.base_checkpoint. Full fine-tuning
+by run.config.base_checkpoint and its sha256 in run.fingerprints.base_checkpoint_sha256. Full fine-tuning
 still writes format 3, byte for byte as before; a trainer that reads only 1..3 refuses a format-4
 file as newer instead of taking its partial model section for a whole model.
 """
@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import torch
 
 from trainers.checkpoint import integrity
-from trainers.config.settings import TrainConfig, saved_settings
+from trainers.config.settings import BASE_FINGERPRINT, TrainConfig, saved_settings
 from trainers.torch_files import CheckpointError, load_checkpoint
 
 FORMAT_PREFIX = "indextts2-gpt-trainer/"
@@ -137,9 +137,9 @@ def parse(obj: Any, path: Path, verify: bool = True) -> "Checkpoint":
     problems = _problems(sections)
     if not problems and (int(version) == LORA_VERSION) != _is_lora(sections):
         problems.append(f"format {version} with run.config.lora_rank {sections['run']['config'].get('lora_rank', 0)}")
-    if not problems and _is_lora(sections) and not isinstance(sections["run"]["fingerprints"].get("base_checkpoint"),
+    if not problems and _is_lora(sections) and not isinstance(sections["run"]["fingerprints"].get(BASE_FINGERPRINT),
                                                                str):
-        problems.append("a LoRA checkpoint without run.fingerprints.base_checkpoint (the sha256 of its base)")
+        problems.append(f"a LoRA checkpoint without run.fingerprints.{BASE_FINGERPRINT} (the sha256 of its base)")
     if problems:
         raise SchemaError(path, "incomplete or malformed checkpoint: " + "; ".join(problems))
     return Checkpoint(sections, path, int(version), checked)
@@ -341,7 +341,7 @@ class Checkpoint:
         config = self.sections["run"]["config"]
         return {"rank": config["lora_rank"], "alpha": config["lora_alpha"], "targets": list(config["lora_targets"]),
                 "dropout": config["lora_dropout"], "base": config.get("base_checkpoint"),
-                "base_sha256": self.fingerprints["base_checkpoint"]}
+                "base_sha256": self.fingerprints[BASE_FINGERPRINT]}
 
     @property
     def machine(self) -> str:

@@ -105,6 +105,8 @@ class TrainConfig:
 
 FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+# The run fingerprint naming a LoRA run's base: the sha256 of its --base-checkpoint file (trainers/run/inputs.py).
+BASE_FINGERPRINT = "base_checkpoint_sha256"
 
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 

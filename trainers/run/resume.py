@@ -35,7 +35,7 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
             f"  the tokenizer file differs from the one this run was trained with: the manifests' text ids and the "
             f"rows of text_embedding mean the pieces of that tokenizer, so training on with another one would "
             f"teach the model wrong text. Pass --tokenizer with the original file (the run used {saved.tokenizer})")
-    if any(c.key == "base_checkpoint" for c in breaking):
+    if any(c.key == schema.BASE_FINGERPRINT for c in breaking):
         lines.append(
             f"  --base-checkpoint {cfg.settings.base_checkpoint} is not the file this LoRA run was trained on (its "
             f"sha256 differs): the checkpoint holds only adapters, which belong to that base. Pass the original base "
