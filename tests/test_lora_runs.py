@@ -171,3 +171,18 @@ def test_the_base_is_found_again_through_data_root_after_a_move(demo_assets, tmp
     assert resumed.returncode == 0, resumed.stderr
     assert f"input moved: --base-checkpoint {old / 'base_gpt.pth'} -> {new / 'base_gpt.pth'}" in resumed.stderr
     assert final_state(out).step == 4
+
+
+def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, lora_reference, tmp_path):
+    out = tmp_path / "run"
+    kills = ["save:4:tmp_written", "step:9", None]
+    killed = train(out, *demo_assets, *COMMON, "--background-saves", kill_at=kills[0])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    for kill_at in kills[1:]:
+        args = ("--resume", "auto", "--background-saves")
+        resumed = train(out, *args, kill_at=kill_at) if kill_at else train_here(out, *args)
+        assert resumed.returncode == (-signal.SIGKILL if kill_at else 0), resumed.stderr
+        assert "in the background" in resumed.stderr
+    a, b = final_state(lora_reference), final_state(out)
+    assert a.step == b.step == STEPS and a.model.keys() == b.model.keys()
+    assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
