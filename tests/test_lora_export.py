@@ -86,3 +86,14 @@ def test_a_changed_base_is_refused_by_name_and_nothing_written(lora_run, tmp_pat
     err = capsys.readouterr().err
     assert f"is a LoRA checkpoint trained on {ckpt.lora['base']}" in err and "--base has sha256" in err, err
     assert not out.exists()
+
+
+def test_inspect_shows_the_adapter_settings_and_the_base(lora_run, capsys):
+    from trainers.tools.inspect_checkpoint import main as inspect_main
+
+    assert inspect_main([str(lora_run / "latest.pth")]) == 0
+    out = capsys.readouterr().out
+    ckpt = schema.read(lora_run / "latest.pth")
+    assert (f"lora: rank 4, alpha 8 (scale 2), targets c_attn,attn_c_proj,c_fc,mlp_c_proj, adapter dropout 0; the "
+            f"checkpoint holds the adapters and trained rows only, on base {ckpt.lora['base']}") in out
+    assert "drift: none possible" in out
