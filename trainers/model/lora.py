@@ -11,7 +11,7 @@ adapts when it is transformers' class (and PEFT brings transformers, accelerate,
 huggingface_hub); its adapter dropout draws from the global RNG per batch, where ours must be keyed by
 sample to keep resumes exact; and the adapter and merge code needed here is a few dozen lines.
 
-Not yet wired into the trainer (flags, checkpoint sections, export): this module is the model side. Adapter
+The trainer adds them in trainers/run/build.py (add_lora); this module is the model side. Adapter
 dropout (LoraSettings.dropout) acts on each adapter's input with masks keyed by sample, at sites of its own
 (gpt_model.ADAPTER_SITES), so it is as exact across micro-batch splits and resumes as the model's dropout.
 """
