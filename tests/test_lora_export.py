@@ -30,9 +30,9 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, demo_assets: list[str]) -
     return out
 
 
-def adapted_model(run: Path) -> tuple[UnifiedVoiceGPT, GPTConfig]:
+def adapted_model(run: Path, name: str = "latest.pth") -> tuple[UnifiedVoiceGPT, GPTConfig]:
     """The run's model as it trained: its base with the checkpoint's adapters (and rows) loaded."""
-    ckpt = schema.read(run / "latest.pth")
+    ckpt = schema.read(run / name)
     gpt = GPTConfig(**ckpt.model_config)
     model = UnifiedVoiceGPT(gpt)
     trained, _, _ = split_state_dict(read_state_dict(Path(ckpt.lora["base"])))
@@ -97,3 +97,14 @@ def test_inspect_shows_the_adapter_settings_and_the_base(lora_run, capsys):
     assert (f"lora: rank 4, alpha 8 (scale 2), targets c_attn,attn_c_proj,c_fc,mlp_c_proj, adapter dropout 0; the "
             f"checkpoint holds the adapters and trained rows only, on base {ckpt.lora['base']}") in out
     assert "drift: none possible" in out
+
+
+def test_the_experiment_api_shows_the_adapters_and_loads_the_adapted_model(lora_run):
+    from trainers.experiment import ExperimentManager
+
+    assert ExperimentManager.load(lora_run).metadata["lora"]["rank"] == 4
+    loaded = ExperimentManager.load_best_model(lora_run)
+    model, gpt = adapted_model(lora_run, "best.pth")
+    batch = make_batch([5, 9, 3], [7, 12, 4], cfg=gpt, seed=3)
+    with torch.no_grad():
+        assert max(float((a - b).abs().max()) for a, b in zip(model(**batch), loaded.model(**batch))) < 2e-5
