@@ -153,6 +153,12 @@ def test_a_full_fine_tuning_checkpoint_is_unchanged_by_lora(demo_assets, tmp_pat
     assert ckpt.format_version == schema.VERSION == 3 and ckpt.lora is None
     assert not {k for k in ckpt.settings if k.startswith("lora_")}
     assert set(ckpt.fingerprints) == {"data", "tokenizer", "model_config"}
+    before = (out / "latest.pth").read_bytes()
+    as_lora = train_here(out, "--resume", "auto", "--lora-rank", "4", "--max-steps", "6")
+    assert as_lora.returncode == 2 and "lora_rank: saved 0, now 4 (changes the result)" in as_lora.stderr
+    assert "a full fine-tuning checkpoint does not continue as LoRA" in as_lora.stderr
+    assert "is not the file this LoRA run was trained on" not in as_lora.stderr
+    assert (out / "latest.pth").read_bytes() == before
 
 
 def test_the_base_is_found_again_through_data_root_after_a_move(demo_assets, tmp_path):
