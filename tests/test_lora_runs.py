@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import final_state, train, train_here
+from tests.demo_runs import assert_close_weights, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.flags import lora_targets, parse_command_line
 from trainers.faults import Faults
@@ -192,3 +192,18 @@ def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, l
     a, b = final_state(lora_reference), final_state(out)
     assert a.step == b.step == STEPS and a.model.keys() == b.model.keys()
     assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+
+
+def test_two_torchrun_processes_train_the_single_process_lora_steps(demo_assets, lora_reference, tmp_path):
+    """DDP over the adapters alone (the frozen base takes no part in the gradient sum): the steps of one process,
+    within float rounding (another split of the same effective batch)."""
+    from tests.test_ddp_runs import torchrun
+
+    at = COMMON.index("--grad-accumulation")
+    flags = COMMON[:at] + COMMON[at + 2:]  # 2 processes x micro-batch 8
+    out = tmp_path / "two"
+    result = torchrun(out, *demo_assets, *flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "batch: world 2 x (micro-batch 8 x accumulation 1) = effective batch 16" in result.stderr
+    assert final_state(out).lora == final_state(lora_reference).lora
+    assert_close_weights(lora_reference, out)
