@@ -8,8 +8,8 @@ Counted at the official config (24 layers, model_dim 1280, the official vocabula
 meta device (no memory): the parameters a step updates; AdamW's two fp32 moments per trainable value;
 and what a checkpoint must hold, computed as 4 bytes per value of every tensor it keeps (full: all weights
 the training forward uses and both moments; LoRA: the adapters and their moments, the base being named by
-path and fingerprint instead of copied). The LoRA checkpoint is computed, not written: the trainer does not
-save LoRA runs yet. With an extended tokenizer the new text rows also train (2 x model_dim values per new
+path and fingerprint instead of copied), computed here; the trainer's LoRA checkpoints hold exactly these
+tensors (tests/test_lora_runs.py), plus the small run state every checkpoint has. With an extended tokenizer the new text rows also train (2 x model_dim values per new
 token, plus moments); not counted here (the official vocabulary only).
 
 Measured at the official width with 2 layers instead of 24 (so it fits a small machine), random weights
@@ -122,7 +122,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, CPU, "
           f"{torch.get_num_threads()} threads")
     print("official config (24 layers), counted on the meta device; checkpoint = kept values + AdamW moments, "
-          "4 bytes each (LoRA: computed, the trainer does not save LoRA runs yet):")
+          "4 bytes each (LoRA: the adapters and their moments, no copy of the base):")
     full = counts(0)
     for rank in variants:
         c = counts(rank)

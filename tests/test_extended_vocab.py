@@ -109,6 +109,25 @@ def test_base_rows_stay_bit_identical_through_decay_and_a_kill(data, tmp_path, c
     assert "base rows: unchanged" in report
 
 
+def test_a_lora_run_trains_the_new_rows_beside_the_adapters_and_holds_the_base_rows(data, tmp_path):
+    """LoRA with an extended tokenizer: the checkpoint holds the adapters and the whole text rows (no other base
+    tensor); after a kill and a resume the base rows are still the base's, the new rows have trained."""
+    out = tmp_path / "run"
+    killed = train(out, *data["extended_run"], *FLAGS, "--lora-rank", "4", "--max-steps", "8", kill_at="step:7")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert "text_embedding and text_head train (their base rows held exact)" in killed.stderr
+    assert train_here(out, "--resume", "auto").returncode == 0
+    state = final_state(out)
+    assert state.step == 8 and state.lora is not None
+    assert {k for k in state.model if not k.endswith((".lora_a", ".lora_b"))} == set(TEXT_ROW_KEYS)
+    base = read_state_dict(data["base_checkpoint"])
+    for key in TEXT_ROW_KEYS:
+        rows = state.model[key]
+        assert torch.equal(_base_rows(rows, BASE_TOKENS), base[key]), f"{key}: base rows moved"
+        initial = base[key][:BASE_TOKENS].mean(dim=0)
+        assert all(not torch.equal(rows[i], initial) for i in range(BASE_TOKENS, EXTENDED)), f"{key}: a new row is untrained"
+
+
 @pytest.fixture(scope="module")
 def unfrozen_run(data, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("unfrozen") / "run"

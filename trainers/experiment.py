@@ -40,6 +40,7 @@ from trainers.errors import UserError
 from trainers.main import main
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import GPTWeights
+from trainers.tools.lora_export import merged_state
 from trainers.training.evaluation import batch_loss_sums
 from trainers.training.train_log import StepMetrics
 
@@ -78,7 +79,8 @@ class ExperimentManager:
         return {"run_id": c.run_id, "step": c.step, "epoch": c.epoch, "settings": c.settings,
                 "model_config": c.model_config, "fingerprints": c.fingerprints,
                 "vocab": {"text_tokens": c.text_tokens, "base_text_tokens": c.base_text_tokens},
-                "versions": c.versions, "machine": c.machine, "best": c.best, "resumes": self.history["resumes"]}
+                "versions": c.versions, "machine": c.machine, "best": c.best, "resumes": self.history["resumes"],
+                "lora": c.lora}  # a LoRA run's adapter settings and base; None for full fine-tuning
 
     @property
     def checkpoints(self) -> list[Path]:
@@ -122,7 +124,8 @@ class ExperimentManager:
         ckpt = schema.read(path)
         gpt = GPTConfig(**ckpt.model_config)
         model = UnifiedVoiceGPT(gpt)
-        GPTWeights(model, {}).load_state_dict(ckpt.model, path)
+        # A LoRA checkpoint holds adapters only: its model is the base it names with them merged (same logits).
+        GPTWeights(model, {}).load_state_dict(merged_state(ckpt, path, None) if ckpt.lora else ckpt.model, path)
         tokenizer = spm.SentencePieceProcessor(model_file=str(ckpt.settings["tokenizer"]))
         return LoadedModel(model.to(device).eval(), tokenizer, gpt, ckpt.step, path, torch.device(device))
 

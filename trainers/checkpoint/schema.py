@@ -21,6 +21,11 @@ checks, tools, tests) use the typed accessors of `Checkpoint`.
 
 Formats: 1 kept every field at the top level; 2 introduced the sections; 3 is 2 plus the
 required integrity section. Files of formats 1 and 2 still load, marked as not verified.
+4 is a LoRA run's checkpoint (run.config.lora_rank > 0): format 3 whose model section holds only
+the tensors the run trains (adapters, an extended vocabulary's text rows), the base being named
+by run.config.base_checkpoint and its sha256 in run.fingerprints.base_checkpoint_sha256. Full fine-tuning
+still writes format 3, byte for byte as before; a trainer that reads only 1..3 refuses a format-4
+file as newer instead of taking its partial model section for a whole model.
 """
 from __future__ import annotations
 
@@ -31,14 +36,17 @@ from typing import Any, Mapping
 import torch
 
 from trainers.checkpoint import integrity
-from trainers.config.settings import TrainConfig, saved_settings
+from trainers.config.settings import BASE_FINGERPRINT, TrainConfig, saved_settings
 from trainers.torch_files import CheckpointError, load_checkpoint
 
 FORMAT_PREFIX = "indextts2-gpt-trainer/"
-VERSION = 3
+VERSION = 3  # what a full fine-tuning run writes
+LORA_VERSION = 4  # what a LoRA run writes: its model section holds only the trained tensors
+LATEST_VERSION = LORA_VERSION
 FIRST_VERIFIED_VERSION = 3  # formats before it carry no checksums
 CHECKSUMS_VERIFIED = "checksums verified"
 FORMAT = f"{FORMAT_PREFIX}{VERSION}"
+LORA_FORMAT = f"{FORMAT_PREFIX}{LORA_VERSION}"
 
 _INT, _STR, _DICT, _LIST = (int,), (str,), (dict,), (list, tuple)
 # Required fields of each section and their types; a section may hold more (newer minor fields).
@@ -96,7 +104,7 @@ def assemble(sections: Mapping[str, Any]) -> dict[str, Any]:
     problems = _problems(sections)
     if problems:
         raise ValueError("checkpoint sections are malformed: " + "; ".join(problems))
-    content = {"format": FORMAT, **{name: sections[name] for name in SECTIONS}}
+    content = {"format": LORA_FORMAT if _is_lora(sections) else FORMAT, **{name: sections[name] for name in SECTIONS}}
     content[integrity.RECORD_KEY] = integrity.compute(content)
     return content
 
@@ -113,9 +121,9 @@ def parse(obj: Any, path: Path, verify: bool = True) -> "Checkpoint":
         raise SchemaError(path, f"not a checkpoint written by this trainer (format {found!r}); to start from an "
                                 "official gpt.pth use --base-checkpoint instead of --resume")
     version = obj["format"][len(FORMAT_PREFIX):]
-    if version not in {str(v) for v in range(1, VERSION + 1)}:
+    if version not in {str(v) for v in range(1, LATEST_VERSION + 1)}:
         raise UnknownFormat(path, f"written in checkpoint format {obj['format']!r}, which this version of the trainer "
-                                  f"does not know (it reads formats 1..{VERSION}); update the trainer")
+                                  f"does not know (it reads formats 1..{LATEST_VERSION}); update the trainer")
     if int(version) < FIRST_VERIFIED_VERSION:
         checked = f"checksums not verified: written before checksums existed (format {version})"
     elif verify:
@@ -127,6 +135,11 @@ def parse(obj: Any, path: Path, verify: bool = True) -> "Checkpoint":
         checked = "checksums not checked"
     sections = _from_format_1(obj, path) if version == "1" else {name: obj.get(name) for name in SECTIONS}
     problems = _problems(sections)
+    if not problems and (int(version) == LORA_VERSION) != _is_lora(sections):
+        problems.append(f"format {version} with run.config.lora_rank {sections['run']['config'].get('lora_rank', 0)}")
+    if not problems and _is_lora(sections) and not isinstance(sections["run"]["fingerprints"].get(BASE_FINGERPRINT),
+                                                               str):
+        problems.append(f"a LoRA checkpoint without run.fingerprints.{BASE_FINGERPRINT} (the sha256 of its base)")
     if problems:
         raise SchemaError(path, "incomplete or malformed checkpoint: " + "; ".join(problems))
     return Checkpoint(sections, path, int(version), checked)
@@ -157,6 +170,12 @@ def _problems(sections: Mapping[str, Any]) -> list[str]:
     if isinstance(optimizer, dict) and not {"state", "param_groups"} <= optimizer.keys():
         problems.append("optim.optimizer is not a torch optimizer state dict")
     return problems
+
+
+def _is_lora(sections: Mapping[str, Any]) -> bool:
+    run = sections.get("run")
+    config = run.get("config") if isinstance(run, dict) else None
+    return isinstance(config, dict) and bool(config.get("lora_rank"))
 
 
 def _field_problems(where: str, values: dict[str, Any], spec: dict[str, tuple[type, ...]], required: bool) -> list[str]:
@@ -313,6 +332,16 @@ class Checkpoint:
     @property
     def versions(self) -> dict[str, str]:
         return dict(self.sections["run"]["versions"])
+
+    @property
+    def lora(self) -> dict[str, Any] | None:
+        """A LoRA run's adapter settings and base ({rank, alpha, targets, dropout, base, base_sha256}); None: full."""
+        if self.format_version != LORA_VERSION:
+            return None
+        config = self.sections["run"]["config"]
+        return {"rank": config["lora_rank"], "alpha": config["lora_alpha"], "targets": list(config["lora_targets"]),
+                "dropout": config["lora_dropout"], "base": config.get("base_checkpoint"),
+                "base_sha256": self.fingerprints[BASE_FINGERPRINT]}
 
     @property
     def machine(self) -> str:

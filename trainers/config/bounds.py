@@ -20,6 +20,7 @@ Why these bounds:
 * Ratios and probabilities: --min-lr-ratio in [0, 1], --dropout in [0, 1), Adam betas in [0, 1).
 * Loss weights and --grad-clip are finite and >= 0 (--grad-clip 0: off); the two loss weights
   must not both be 0, or nothing is learned. Adam's eps (saved with a run, no flag) is in (0, 1].
+* --lora-rank is 0 (full fine-tuning) to 4096; --lora-alpha is finite and > 0; --lora-dropout in [0, 1).
 * --num-workers is at most 256: each worker is a process, more never speed up loading, and a
   typo would start thousands.
 Every float must be finite: NaN compares false with every bound and would pass a plain `<` test.
@@ -34,6 +35,7 @@ from typing import Any, Callable
 MAX_COUNT = 2**31 - 1
 MAX_SEED = 2**64 - 1
 MAX_WORKERS = 256
+MAX_LORA_RANK = 4096  # wider than any GPT's model_dim here: a larger rank is no low-rank adapter but a typo
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,9 @@ BOUNDS: dict[str, Bound] = {
     "save_interval": _count(1),
     "keep_checkpoints": _count(),
     "log_interval": _count(1),
+    "lora_rank": Bound(int, 0, MAX_LORA_RANK),
+    "lora_alpha": _finite(0.0, low_open=True),
+    "lora_dropout": _finite(0.0, 1.0, high_open=True),
 }
 
 
@@ -144,7 +149,8 @@ def setting_name(name: str) -> str:
 def value_problems(values: dict[str, Any]) -> list[str]:
     """One message per numeric setting outside its range, naming the flag, the range and the value."""
     problems = [f"{setting_name(name)} must be {bound.describe()}, got {values[name]!r}"
-                for name, bound in BOUNDS.items() if name in values and not bound.accepts(values[name])]
+                for name, bound in BOUNDS.items()
+                if values.get(name) is not None and not bound.accepts(values[name])]  # None: not resolved yet
     text, mel = values.get("text_loss_weight"), values.get("mel_loss_weight")
     if text == 0 and mel == 0:
         problems.append("--text-loss-weight and --mel-loss-weight are both 0, so no loss is trained; give at least "

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from trainers.config.bounds import (
     BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
 )
-from trainers.config.settings import AMP_MODES, TrainConfig
+from trainers.config.settings import AMP_MODES, LORA_TARGET_PATHS, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -119,6 +119,26 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     opt.add_argument("--freeze-base-vocab", action=argparse.BooleanOptionalAction,
                      help="keep the base checkpoint's text embedding/head rows bit-identical "
                           "[on when the tokenizer extends the base vocabulary]")
+    _lora_flags(opt, d)
+
+
+def _lora_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
+    _num(opt, "--lora-rank", d.lora_rank, "rank of the LoRA adapters on the GPT blocks (0: full fine-tuning)")
+    _num(opt, "--lora-alpha", "2 x rank", "LoRA scale numerator: adapters are scaled by alpha / rank")
+    opt.add_argument("--lora-targets", type=lora_targets, metavar="NAME[,NAME...]",
+                     help=f"projections of each GPT block that carry adapters, from {', '.join(LORA_TARGET_PATHS)} "
+                          f"[all four]")
+    _num(opt, "--lora-dropout", d.lora_dropout, "dropout on each adapter's input, keyed by sample")
+
+
+def lora_targets(text: str) -> tuple[str, ...]:
+    """'c_attn,c_fc' -> ('c_attn', 'c_fc'): known names, each once."""
+    names = tuple(n.strip() for n in text.split(","))
+    unknown = [n for n in names if n not in LORA_TARGET_PATHS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of distinct names from "
+                                         f"{', '.join(LORA_TARGET_PATHS)}, got {text!r}")
+    return names
 
 
 def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:

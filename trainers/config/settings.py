@@ -8,6 +8,16 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
+# The projections of a GPT block that can carry adapters (--lora-targets), by name and module path inside a
+# block (gpt.h.N.<path>); here, free of torch, for the flag parser. All four are the default: see lora.py.
+LORA_TARGET_PATHS = {
+    "c_attn": "attn.c_attn",  # query, key and value in one matrix
+    "attn_c_proj": "attn.c_proj",
+    "c_fc": "mlp.c_fc",
+    "mlp_c_proj": "mlp.c_proj",
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     train_manifests: tuple[str, ...] = ()
@@ -43,6 +53,14 @@ class TrainConfig:
     train_samples: int = 0  # a seed-keyed subset of this many training samples (0: all of them)
     # None until resolved: on when the tokenizer extends the base checkpoint's vocabulary.
     freeze_base_vocab: bool | None = None
+    # LoRA (trainers/model/lora.py): rank 0 is full fine-tuning. alpha None until resolved: 2 x rank, so the
+    # adapters' scale alpha/rank is 2 whatever the rank (a rank change then needs no new learning rate; the
+    # ratio 2 is the common choice of LoRA fine-tuning recipes). Adapter dropout 0: the model's own --dropout
+    # already acts on the activations every adapter sees; a second one mostly slows learning on small data.
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    lora_targets: tuple[str, ...] = tuple(LORA_TARGET_PATHS)
+    lora_dropout: float = 0.0
     # Run-time choices that do not change the result beyond float rounding.
     # Mixed precision (AMP_MODES): auto is bf16 on GPUs that have it, fp16 with a loss scaler on
     # older GPUs, fp32 on the CPU (trainers/hardware/precision.py).
@@ -69,18 +87,26 @@ class TrainConfig:
         d = asdict(self)
         d["train_manifests"] = list(self.train_manifests)
         d["val_manifests"] = list(self.val_manifests)
+        d["lora_targets"] = list(self.lora_targets)
+        if not self.lora_rank:
+            # A full fine-tuning run saves exactly the settings it saved before LoRA existed (byte-identical files).
+            for key in LORA_KEYS:
+                del d[key]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         values = {k: v for k, v in d.items() if k in FIELD_NAMES}
-        for key in ("train_manifests", "val_manifests"):
+        for key in ("train_manifests", "val_manifests", "lora_targets"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+# The run fingerprint naming a LoRA run's base: the sha256 of its --base-checkpoint file (trainers/run/inputs.py).
+BASE_FINGERPRINT = "base_checkpoint_sha256"
 
 AMP_MODES = ("auto", "bf16", "fp16", "off")
 
@@ -91,6 +117,10 @@ LEGACY_VALUES: dict[str, Any] = {
     "data_order": "random",  # before length grouping
     "train_samples": 0,  # before subsets: every sample
     "dropout_masks": "v1",  # before the faster masks: the first generator, kept bit for bit
+    "lora_rank": 0,  # before LoRA (and every full fine-tuning run, which does not save the LoRA settings)
+    "lora_alpha": None,
+    "lora_targets": tuple(LORA_TARGET_PATHS),
+    "lora_dropout": 0.0,
 }
 
 
@@ -137,6 +167,7 @@ EXACTNESS_KEYS = (
     "seed", "effective_batch", "learning_rate", "warmup_steps", "lr_decay_steps", "min_lr_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "text_loss_weight",
     "mel_loss_weight", "dropout", "dropout_masks", "freeze_base_vocab", "data_order", "train_samples",
+    *LORA_KEYS,
 )
 # How this machine runs a step: never carried to another machine (see resolve.py).
 HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "val_batch_size")

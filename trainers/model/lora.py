@@ -11,7 +11,7 @@ adapts when it is transformers' class (and PEFT brings transformers, accelerate,
 huggingface_hub); its adapter dropout draws from the global RNG per batch, where ours must be keyed by
 sample to keep resumes exact; and the adapter and merge code needed here is a few dozen lines.
 
-Not yet wired into the trainer (flags, checkpoint sections, export): this module is the model side. Adapter
+The trainer adds them in trainers/run/build.py (add_lora); this module is the model side. Adapter
 dropout (LoraSettings.dropout) acts on each adapter's input with masks keyed by sample, at sites of its own
 (gpt_model.ADAPTER_SITES), so it is as exact across micro-batch splits and resumes as the model's dropout.
 """
@@ -24,17 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainers.config.settings import LORA_TARGET_PATHS
 from trainers.model.gpt_model import Conv1D, UnifiedVoiceGPT
 from trainers.model.sample_dropout import WidthDropout
 
-# The projections of a GPT block that can carry adapters, by the name a user gives and the module path
-# inside a block (gpt.h.N.<path>).
-TARGET_PATHS = {
-    "c_attn": "attn.c_attn",  # query, key and value in one matrix
-    "attn_c_proj": "attn.c_proj",
-    "c_fc": "mlp.c_fc",
-    "mlp_c_proj": "mlp.c_proj",
-}
+TARGET_PATHS = LORA_TARGET_PATHS  # the projections that can carry adapters, by name and path in a block
 # All four: adapting every projection of the block, not only the attention's query and value (the LoRA
 # paper's choice), is what brings LoRA close to full fine-tuning in QLoRA's comparison (Dettmers et al.,
 # 2023); for a new voice or language the MLPs hold much of what has to change.

@@ -211,9 +211,15 @@ class GPTWeights:
 
     model: UnifiedVoiceGPT
     carried: StateDict
+    # A LoRA run's trained tensors (adapters, extended text rows): its checkpoints hold these alone, the base
+    # being named by path and sha256 in the run section. None: full fine-tuning, the whole model is saved.
+    trained_keys: tuple[str, ...] | None = None
 
     def state_dict(self) -> StateDict:
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        own = self.model.state_dict()
+        if self.trained_keys is not None:
+            return {k: own[k].detach().cpu() for k in self.trained_keys}
+        state = {k: v.detach().cpu() for k, v in own.items()}
         state.update(self.carried)
         return state
 
@@ -225,6 +231,12 @@ class GPTWeights:
         """Why a saved model section cannot be loaded into this model (None: it can)."""
         trained, _, _ = split_state_dict(state)
         own = self.model.state_dict()
+        if self.trained_keys is not None:
+            own = {k: own[k] for k in self.trained_keys}
+            if set(trained) - set(own):
+                return UserError(f"{source} holds {len(set(trained) - set(own))} tensors this LoRA run does not train "
+                                 f"(e.g. {sorted(set(trained) - set(own))[0]}): it is not a checkpoint of a LoRA run "
+                                 "with these --lora-targets; resume with the LoRA settings it was trained with")
         problems = [f"  missing: {k}" for k in sorted(set(own) - set(trained))]
         problems += [f"  {k}: checkpoint {tuple(v.shape)}, model {tuple(own[k].shape)}"
                      for k, v in sorted(trained.items()) if k in own and v.shape != own[k].shape]
@@ -238,6 +250,9 @@ class GPTWeights:
         if refusal is not None:
             raise refusal
         trained, carried, _ = split_state_dict(state)
+        if self.trained_keys is not None:  # the base was loaded from its file: only the trained tensors come back
+            self.model.load_state_dict({k: trained[k] for k in self.trained_keys}, strict=False)
+            return
         own = self.model.state_dict()
         self.model.load_state_dict({k: trained[k] for k in own}, strict=True)
         self.carried = {**carried, **{k: trained[k] for k in set(trained) - set(own)}}

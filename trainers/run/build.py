@@ -10,7 +10,9 @@ from trainers.data.features import FeatureDataset, FeatureSpec
 from trainers.data.train_data import TrainData
 from trainers.model.frozen_rows import FrozenTextRows
 from trainers.model.gpt_model import UnifiedVoiceGPT
-from trainers.model.weights import GPTWeights, load_base_weights
+from trainers.config.settings import TrainConfig
+from trainers.model.lora import LoraSettings, add_adapters, is_adapter_key
+from trainers.model.weights import TEXT_ROW_KEYS, GPTWeights, load_base_weights
 from trainers.run.inputs import RunInputs
 from trainers.run.resolve import RunConfig
 from trainers.training.lr_schedule import LRSchedule
@@ -21,11 +23,13 @@ log = logging.getLogger("train")
 
 def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: torch.device) -> GPTWeights:
     """The model, on `device`: with the base checkpoint's weights at step 0; a resume loads its own
-    (trainers/run/resume.py restore)."""
+    (trainers/run/resume.py restore). A LoRA run loads the base on resume too: its checkpoints hold
+    only what it trains (add_lora)."""
     model = UnifiedVoiceGPT(cfg.gpt, gradient_checkpointing=cfg.settings.grad_checkpointing,
                             dropout_masks=cfg.settings.dropout_masks, deterministic_loss=cfg.settings.deterministic)
     weights = GPTWeights(model, {})
-    if inputs.base_state is not None and not resuming:
+    lora = lora_settings(cfg.settings)
+    if inputs.base_state is not None and (not resuming or lora):
         base = load_base_weights(Path(cfg.settings.base_checkpoint), model, inputs.base_state)
         weights.carried = base.carried
         log.info("loaded --base-checkpoint %s: %d tensors carried unchanged, %d dropped", cfg.settings.base_checkpoint,
@@ -33,8 +37,40 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: tor
     elif not resuming:
         log.warning("no --base-checkpoint: training from random weights; saved checkpoints will lack the "
                     "conditioning encoders that inference needs")
+    if lora:
+        add_lora(weights, lora, cfg)
     model.to(device)
     return weights
+
+
+def lora_settings(settings: TrainConfig) -> LoraSettings | None:
+    """The run's adapters (None: full fine-tuning)."""
+    if not settings.lora_rank:
+        return None
+    assert settings.lora_alpha is not None  # resolved to 2 x rank (trainers/run/resolve.py)
+    return LoraSettings(settings.lora_rank, settings.lora_alpha, settings.lora_targets, settings.lora_dropout)
+
+
+def add_lora(weights: GPTWeights, lora: LoraSettings, cfg: RunConfig) -> None:
+    """Adapters on the loaded base (lora_a drawn from the run seed, lora_b zero), and what trains beside them.
+
+    Trains: the adapters; with a tokenizer that extends the base vocabulary, also text_embedding and
+    text_head whole, with the base rows held bit-identical by FrozenTextRows (--freeze-base-vocab, on by
+    default then): a new language's tokens have no base rows for an adapter to adjust, so their rows must
+    be learnt directly. Frozen: everything else, norms and conditioning included, so the base stays
+    exact, one base serves many adapters, and merging folds the adapters in with nothing else to carry.
+    Checkpoints hold exactly the trained tensors (GPTWeights.trained_keys), never a copy of the base.
+    """
+    adapted = add_adapters(weights.model, lora, cfg.settings.seed)
+    trained = [k for k, _ in weights.model.named_parameters() if is_adapter_key(k)]
+    if cfg.vocab.extended:
+        for key in TEXT_ROW_KEYS:
+            weights.model.get_parameter(key).requires_grad_(True)
+        trained += list(TEXT_ROW_KEYS)
+    weights.trained_keys = tuple(trained)
+    log.info("LoRA: rank %d, alpha %g (scale %g), adapter dropout %g on %d projections (%s); the base weights are "
+             "frozen%s", lora.rank, lora.alpha, lora.scale, lora.dropout, len(adapted), ",".join(lora.targets),
+             "; text_embedding and text_head train (their base rows held exact)" if cfg.vocab.extended else "")
 
 
 def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dtype | None, device: torch.device,

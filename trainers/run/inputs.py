@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trainers.config.config_yaml import read_config_yaml
-from trainers.config.settings import TrainConfig
+from trainers.config.settings import BASE_FINGERPRINT, TrainConfig
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.feature_fit import check_features_fit
 from trainers.data.features import FeatureSpec
@@ -131,6 +131,9 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         "tokenizer": tokenizer_sha,
         "model_config": model_config_fingerprint(gpt),
     }
+    if cfg.lora_rank and cfg.base_checkpoint:
+        # A LoRA checkpoint holds no base tensors: its base is this file, recognised on resume by its bytes.
+        fingerprints[BASE_FINGERPRINT] = file_sha256(Path(cfg.base_checkpoint))
     base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint and read_base else None
     if base_state is not None:
         refuse_bad_values(base_state, Path(cfg.base_checkpoint))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from trainers.config.settings import DEMO_DEFAULTS, TrainConfig
+from trainers.config.settings import BASE_FINGERPRINT, DEMO_DEFAULTS, TrainConfig
 from trainers.errors import UserError
 from trainers.files import write_text_atomically
 
@@ -52,7 +52,7 @@ PATH_INPUTS = (
     ("val_manifests", "--val-manifest", None, True),  # validation only: no fingerprint (see docs/moving_runs.md)
     ("tokenizer", "--tokenizer", "tokenizer", False),
     ("config", "--config", "model_config", False),
-    ("base_checkpoint", "--base-checkpoint", None, False),
+    ("base_checkpoint", "--base-checkpoint", BASE_FINGERPRINT, False),  # fingerprinted in LoRA runs only
 )
 FLAG_OF = {key: flag for key, flag, _, _ in PATH_INPUTS}
 PACKABLE = ("tokenizer", "config", "base_checkpoint")
@@ -278,7 +278,7 @@ def locate_inputs(remaps: Sequence[tuple[str, str]], given: dict[str, Any], sett
         for spec in specs:
             path, lang = split_spec(spec)
             f = find(places, key, path)
-            if f.path is None and key == "base_checkpoint" and has_checkpoint:
+            if f.path is None and key == "base_checkpoint" and has_checkpoint and not settings.lora_rank:
                 log.info("--base-checkpoint %s is not at its saved place; not needed: the checkpoint being resumed "
                          "carries every tensor of it", path)
                 f = Found(key, path, path, "", f.looked_in)

@@ -15,9 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainers.config.bounds import MAX_COUNT, value_problems
+from trainers.config.bounds import MAX_COUNT, flag_of, value_problems
 from trainers.config.flags import CommandLine
-from trainers.config.settings import AMP_MODES, DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, TrainConfig
+from trainers.config.settings import (
+    AMP_MODES, DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, LORA_KEYS, LORA_TARGET_PATHS, TrainConfig,
+)
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
 from trainers.hardware.detect import library_versions
@@ -72,9 +74,10 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     if saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
         settings = _weights_only_start(cmd, settings, saved, text_tokens)
         saved = None
-    # A resumed checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
+    # A resumed full checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
+    # A LoRA checkpoint holds only what the run trains: its base is read on resume too.
     inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer),
-                         read_base=not (saved and saved.checkpoint))
+                         read_base=not (saved and saved.checkpoint) or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
     if saved and saved.checkpoint:
@@ -186,9 +189,25 @@ def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, mach
     values.update(_given_batch_split(cmd.given, world_size))
     values = _scaled_learning_rate(cmd, values, saved)
     values["output_dir"] = str(run_dir)
+    values = _lora_values(cmd.given, values)
     cfg = TrainConfig.from_dict({k: v for k, v in values.items() if k in FIELD_NAMES})
     check_values(cfg)
     return cfg
+
+
+def _lora_values(given: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """--lora-alpha defaults to 2 x --lora-rank; the other LoRA flags mean nothing without a rank."""
+    rank = values.get("lora_rank", 0)
+    stray = [k for k in LORA_KEYS[1:] if k in given]
+    if isinstance(rank, int) and rank > 0 and not values.get("base_checkpoint"):
+        raise UserError(f"--lora-rank {rank} adapts a trained model: pass --base-checkpoint gpt.pth (adapters on random "
+                        "weights learn nothing a full fine-tuning would not); nothing was written")
+    if rank == 0 and stray:
+        raise UserError(f"{', '.join(flag_of(k) for k in stray)} configure LoRA adapters: pass --lora-rank R (R > 0) "
+                        "with them, or leave them out for full fine-tuning (nothing was written)")
+    if isinstance(rank, int) and rank > 0 and values.get("lora_alpha") is None:
+        return {**values, "lora_alpha": 2.0 * rank}
+    return values
 
 
 def _saved_hardware_settings(saved: SavedRun, machine: str, given: dict[str, Any]) -> dict[str, Any]:
@@ -243,6 +262,10 @@ def check_values(cfg: TrainConfig) -> None:
         problems.append(f"--data-order must be grouped or random, got {cfg.data_order!r}")
     if cfg.dropout_masks not in ("v1", "v2"):
         problems.append(f"--dropout-masks must be v1 or v2, got {cfg.dropout_masks!r}")
+    unknown = [t for t in cfg.lora_targets if t not in LORA_TARGET_PATHS]
+    if unknown or not cfg.lora_targets:
+        problems.append(f"--lora-targets must name projections from {', '.join(LORA_TARGET_PATHS)}, got "
+                        f"{','.join(cfg.lora_targets)!r}")
     if cfg.amp not in AMP_MODES:
         problems.append(f"--amp must be one of {', '.join(AMP_MODES)}, got {cfg.amp!r}")
     if problems:

@@ -35,6 +35,16 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
             f"  the tokenizer file differs from the one this run was trained with: the manifests' text ids and the "
             f"rows of text_embedding mean the pieces of that tokenizer, so training on with another one would "
             f"teach the model wrong text. Pass --tokenizer with the original file (the run used {saved.tokenizer})")
+    if any(c.key == schema.BASE_FINGERPRINT and c.saved and c.now for c in breaking):  # not a LoRA start or end
+        lines.append(
+            f"  --base-checkpoint {cfg.settings.base_checkpoint} is not the file this LoRA run was trained on (its "
+            f"sha256 differs): the checkpoint holds only adapters, which belong to that base. Pass the original base "
+            f"(the run used {saved.base_checkpoint})")
+    if any(c.key == "lora_rank" for c in breaking):
+        lines.append(
+            "  --lora-rank decides what trains and what the checkpoint holds: a LoRA run continues with its own rank "
+            "(adapters of another rank do not fit), and a full fine-tuning checkpoint does not continue as LoRA; for "
+            "another rank start a new run (a new --output-dir) from --base-checkpoint")
     if any(c.key == "effective_batch" for c in breaking):
         lines.append(
             f"  the effective batch is a hyperparameter of the run ({saved.effective_batch} samples per step); "

@@ -49,6 +49,7 @@ from trainers.tools.export_contents import (
     resolve_inference, select_tensors,
 )
 from trainers.tools.export_output import check_output, write_export
+from trainers.tools.lora_export import ADAPTER_NAME, adapter_file_of, merged_state
 from trainers.tools.run_files import WHICH_HELP, checkpoint_path
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -90,9 +91,14 @@ class Export:
 
 
 def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32", config: Path | None = None,
-           tokenizer: Path | None = None) -> Export:
+           tokenizer: Path | None = None, base: Path | None = None) -> Export:
     path = checkpoint_path(target, which)
     source = load_source(path)
+    lora = source.checkpoint.lora if source.checkpoint else None
+    if base is not None and lora is None:
+        raise UserError(f"--base is for a LoRA checkpoint (whose base it names); {path} holds its whole model")
+    if lora is not None:  # the adapters merged into the base the run names: the upstream layout
+        source.state = merged_state(source.checkpoint, path, base)
     inference = resolve_inference(source, config, tokenizer)
     selection = select_tensors(source.state, inference.gpt, path)
     tok_name = inference.tokenizer.name
@@ -116,6 +122,27 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
     return Export(source, out, dtype, selection, inference, text_tokens, files)
 
 
+def export_adapter(target: Path, out: Path, which: str | None = None) -> str:
+    """--adapter-only: a LoRA checkpoint's adapters, trained rows, settings and base as an adapter file in `out`."""
+    path = checkpoint_path(target, which)
+    ckpt = load_source(path).checkpoint
+    if ckpt is None or ckpt.lora is None:
+        raise UserError(f"--adapter-only: {path} is not a checkpoint of a LoRA run (--lora-rank); it has no adapters")
+    adapter = adapter_file_of(ckpt)
+    record = check_output(out, [ADAPTER_NAME])
+    info = {"source": str(path.resolve()), "kind": "lora-adapter", "step": ckpt.step, "run_id": ckpt.run_id}
+    try:
+        write_export(out, {ADAPTER_NAME: lambda f: torch.save(adapter.to_dict(), f)}, record, info)
+    except OSError as exc:
+        raise UserError(f"could not write into --out {out}: {exc.strerror or exc}; no file there is half-written"
+                        ) from None
+    s = adapter.settings
+    return (f"exported the adapters of {path} (step {ckpt.step}; rank {s.rank}, alpha {s.alpha:g}, "
+            f"{len(adapter.adapters) // 2} projections, {len(adapter.replaced)} trained tensors beside them) to "
+            f"{out / ADAPTER_NAME}; base {adapter.base_path} (sha256 {adapter.base_sha256[:16]}...): merge it with "
+            f"indextts-merge-lora --adapter {out / ADAPTER_NAME} --base {adapter.base_path} --out merged.pth")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Export a checkpoint for IndexTTS2 inference: gpt.pth in the "
                                                  "upstream layout, config.yaml and the tokenizer, into --out.")
@@ -130,13 +157,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "required for an official gpt.pth and for a run trained with a trimmed config)")
     parser.add_argument("--tokenizer", type=Path, help="SentencePiece model (default: the one the run recorded; for "
                                                        "an official gpt.pth the config's dataset.bpe_model)")
+    parser.add_argument("--base", type=Path, help="a LoRA checkpoint's base gpt.pth, where it is not at the path "
+                                                  "saved with the run (it must be the same file: sha256 checked)")
+    parser.add_argument("--adapter-only", action="store_true",
+                        help=f"a LoRA checkpoint: write its adapters alone as {ADAPTER_NAME} (an adapter file for "
+                             "indextts-merge-lora) instead of the merged model")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer)
+        if args.adapter_only:
+            print(export_adapter(args.source, args.out, args.which))
+            return 0
+        result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer, args.base)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -61,7 +61,7 @@ def load_file(path: Path, label: str) -> LoadedFile:
         raise UserError(f"{label} {path}: not a state dict (expected tensors, or a dict with a 'model' "
                         "state dict); pass a gpt.pth or a checkpoint written by the trainer")
     state, stripped = strip_module_prefix(state)
-    if "text_embedding.weight" not in state:
+    if "text_embedding.weight" not in state and not (ckpt and ckpt.lora):  # LoRA: the rows may be the base's
         raise UserError(f"{label} {path}: no text_embedding.weight; is this an IndexTTS2 GPT checkpoint?")
     return LoadedFile(path, kind, state, ckpt, stripped)
 
@@ -71,8 +71,9 @@ def load_file(path: Path, label: str) -> LoadedFile:
 def describe(ck: LoadedFile) -> dict[str, Any]:
     """Facts about one file (the JSON object without the comparison part)."""
     c = ck.checkpoint
-    rows, dim = ck.state["text_embedding.weight"].shape[:2]
     model_cfg = c.model_config if c else {}
+    rows, dim = ck.state["text_embedding.weight"].shape[:2] if "text_embedding.weight" in ck.state else \
+        (c.text_tokens + 1, model_cfg.get("model_dim", 0))
     return {
         "file": str(ck.path),
         "kind": ck.kind,
@@ -105,6 +106,8 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         "starts": [{k: e.get(k) for k in ("kind", "step", "time", "machine", "checkpoint", "changes")}
                    for e in c.history if isinstance(e, dict) and e.get("kind") in ("start", "resume")] if c else [],
         "integrity": c.integrity if c else "no checksums (not a trainer checkpoint)",
+        "lora": c.lora if c else None,  # a LoRA run's adapter settings and base (None: full fine-tuning)
+        "text_rows_saved": "text_embedding.weight" in ck.state,  # False: a LoRA checkpoint on its base's rows
         "versions": (c.versions or None) if c else None,
     }
 
@@ -156,6 +159,8 @@ def render_text(facts: dict[str, Any]) -> list[str]:
     lines += vocab_lines(facts)
     if facts.get("drift") is not None:
         lines += drift_lines(facts)
+    elif not facts["text_rows_saved"]:
+        lines.append("drift: none possible (a LoRA checkpoint that trains no text rows: its rows are its base's)")
     else:
         hint = (facts.get("config") or {}).get("base_checkpoint") or "checkpoints/gpt.pth"
         lines.append(f"drift: not checked (pass --base {hint} to compare the base vocabulary rows)")
@@ -194,7 +199,16 @@ def trainer_lines(facts: dict[str, Any]) -> list[str]:
                      f"amp {facts['mixed_precision']}")
         lines.append(f"files: base_checkpoint {show(cfg['base_checkpoint'])}, tokenizer {show(cfg['tokenizer'])}")
     lines.append(f"integrity: {facts['integrity']}")
+    lines.append(lora_line(facts["lora"]))
     return lines
+
+
+def lora_line(lora: dict[str, Any] | None) -> str:
+    if lora is None:
+        return "lora: none (full fine-tuning: the checkpoint holds the whole model)"
+    return (f"lora: rank {lora['rank']}, alpha {show(lora['alpha'])} (scale {show(lora['alpha'] / lora['rank'])}), "
+            f"targets {','.join(lora['targets'])}, adapter dropout {show(lora['dropout'])}; the checkpoint holds the "
+            f"adapters and trained rows only, on base {lora['base']} (sha256 {lora['base_sha256'][:16]}...)")
 
 
 def vocab_lines(facts: dict[str, Any]) -> list[str]:
@@ -292,6 +306,9 @@ def inspect(path: Path, base_path: Path | None) -> dict[str, Any]:
     ck = load_file(path, "checkpoint")
     facts = describe(ck)
     facts.update({"base": None, "drift": None, "base_rows_unchanged": None})
+    if base_path is not None and "text_embedding.weight" not in ck.state:
+        raise UserError(f"--base: {path} is a LoRA checkpoint without text rows (its vocabulary is its base's, "
+                        "which it does not copy): there are no rows to compare")
     if base_path is not None:
         facts.update(compare_with_base(ck, load_file(base_path, "--base")))
     return facts
