@@ -40,7 +40,7 @@ from trainers.errors import UserError
 from trainers.main import main
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import GPTWeights
-from trainers.tools.lora_export import merged_state
+from trainers.checkpoint.lora_export import merged_state
 from trainers.training.evaluation import batch_loss_sums
 from trainers.training.train_log import StepMetrics
 

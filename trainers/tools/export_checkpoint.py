@@ -49,7 +49,7 @@ from trainers.tools.export_contents import (
     resolve_inference, select_tensors,
 )
 from trainers.tools.export_output import check_output, write_export
-from trainers.tools.lora_export import ADAPTER_NAME, adapter_file_of, merged_state
+from trainers.checkpoint.lora_export import ADAPTER_NAME, adapter_file_of, merged_state
 from trainers.tools.run_files import WHICH_HELP, checkpoint_path
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
