@@ -69,9 +69,13 @@ def subprocess_env(kill_at: str | None = None, env: dict[str, str] | None = None
 
 def train(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,
           ) -> subprocess.CompletedProcess:
-    """The trainer in a subprocess of its own (for real kills and signals to a process group)."""
-    return subprocess.run([sys.executable, str(SCRIPT), "--output-dir", str(out), *args],
-                          env=subprocess_env(kill_at, env), cwd=REPO, capture_output=True, text=True, timeout=300)
+    """The trainer in a process of its own (for real kills and signals), forked from a server that imported
+    torch once (tests/trainer_process.py)."""
+    from tests.trainer_process import TrainerProcess
+
+    proc = TrainerProcess(["--output-dir", str(out), *args], subprocess_env(kill_at, env))
+    proc.wait(timeout=300)
+    return proc.result()
 
 
 def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,

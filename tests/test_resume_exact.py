@@ -2,7 +2,7 @@
 
 Each test runs the real entry point on the demo config and compares the final checkpoint of an
 interrupted-and-resumed run with one uninterrupted run, tensor by tensor. Kills are real
-SIGKILLs of a trainer subprocess at exact points (trainers/faults.py); signals the
+SIGKILLs of a trainer process at exact points (trainers/faults.py); signals the
 trainer handles (SIGTERM, SIGINT) and refusals run in this process (tests/demo_runs.py).
 """
 from __future__ import annotations
@@ -11,13 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train, train_here
+from tests.demo_runs import assert_close_weights, final_state, subprocess_env, train, train_here
+from tests.trainer_process import TrainerProcess
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
 # Log interval 10: most resumes below land mid-interval, and the logged history must match too.
@@ -226,16 +226,13 @@ def test_sigint_finishes_the_step_saves_and_exits_130(demo_assets, tmp_path):
 def test_ctrl_c_to_the_process_group_with_data_workers(demo_assets, reference, tmp_path):
     """A terminal's Ctrl-C reaches the workers too; the main process alone must handle it."""
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *COMMON,
-                             "--num-workers", "2"],
-                            cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if " step 10/" in line:  # the first log line (--log-interval 10)
-            break
+    proc = TrainerProcess(["--output-dir", str(out), *demo_assets, *COMMON, "--num-workers", "2"], subprocess_env(),
+                          new_session=True)
+    before = proc.wait_for(" step 10/", timeout=120)  # the first log line (--log-interval 10)
     os.killpg(proc.pid, signal.SIGINT)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == 130, rest
+    status = proc.wait(timeout=120)
+    rest = proc.stderr_text()[len(before):]
+    assert status == 130, rest
     assert rest.count("received SIGINT") == 1, rest
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
