@@ -15,9 +15,10 @@ from pathlib import Path
 
 from benchmarks.acceptance.context import end_tree
 from tests.demo_runs import REPO, subprocess_env
+from tests.slowness import scaled
 
 BENCHMARKS = REPO / "benchmarks"
-TIMEOUT_S = 600  # a whole small mode; the slowest takes about 40 s alone on 2 idle cores
+TIMEOUT_S = 600  # a whole small mode on an idle machine (scaled: tests/slowness.py); the slowest takes about 40 s
 NUM = r"-?\d+(?:\.\d+)?"
 NUMS = r"-?\d+\.\d+(?:, -?\d+\.\d+)*"
 
@@ -146,7 +147,7 @@ def run_smokes(scripts: list[str], folder: Path, at_once: int = 3) -> dict[str, 
             while todo and len(running) < at_once:
                 running.append(_start(todo.pop(0), folder))
             time.sleep(0.1)
-            for entry in [r for r in running if r[1].poll() is not None or time.monotonic() - r[3] > TIMEOUT_S]:
+            for entry in [r for r in running if r[1].poll() is not None or time.monotonic() - r[3] > scaled(TIMEOUT_S)]:
                 running.remove(entry)
                 _done[entry[0]] = _finish(*entry)
     finally:

@@ -111,6 +111,57 @@ def final_state(out: Path) -> schema.Checkpoint:
     return schema.read(out / "latest.pth")
 
 
+def assert_same_training(a: Path, b: Path, steps: int) -> None:
+    """Bit-identical training, for runs that must not differ at all (a resume against an uninterrupted run):
+    both final checkpoints verified and at `steps`, at the same place in the data; every model tensor and every
+    optimizer value (AdamW moments, step counts, param groups) torch.equal; the same samples at every step; the
+    same logged train and validation metrics, in the saved history and in TensorBoard as a reader sees it."""
+    sa, sb = final_state(a), final_state(b)
+    assert sa.verified and sb.verified
+    assert sa.step == sb.step == steps
+    assert (sa.epoch, sa.step_in_epoch, sa.samples_in_epoch, sa.samples_seen) == \
+        (sb.epoch, sb.step_in_epoch, sb.samples_in_epoch, sb.samples_seen)
+    assert_equal_nested(sa.model, sb.model, "model")
+    assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
+    ids = (a / "sample_ids.tsv").read_text()
+    assert ids == (b / "sample_ids.tsv").read_text() and len(ids.splitlines()) == steps
+    assert logged_metrics(sa.history) == logged_metrics(sb.history)
+    assert train_scalars(a) == train_scalars(b)
+
+
+def assert_equal_nested(x: object, y: object, where: str) -> None:
+    """Equal structure and values; tensors torch.equal (same shape, dtype and bits)."""
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor) and torch.equal(x, y), f"{where} differs"
+    elif isinstance(x, dict):
+        assert isinstance(y, dict) and x.keys() == y.keys(), f"{where} keys differ"
+        for k in x:
+            assert_equal_nested(x[k], y[k], f"{where}.{k}")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), f"{where} length differs"
+        for i, (u, v) in enumerate(zip(x, y)):
+            assert_equal_nested(u, v, f"{where}[{i}]")
+    else:
+        assert x == y, f"{where}: {x!r} != {y!r}"
+
+
+def logged_metrics(history: list[dict]) -> list[dict]:
+    """The history's train and validation entries: exactly equal after a resume (start/resume events aside)."""
+    entries = [e for e in history if e["kind"] not in ("start", "resume")]
+    assert any(e["kind"] == "train" for e in entries)
+    return entries
+
+
+def train_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard's per-step train scalars as a reader sees them (a resume purges a killed run's later steps)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag.startswith("train/") and tag != "train/samples_per_second"}  # a rate of wall time
+
+
 def assert_close_weights(a: Path, b: Path) -> None:
     """Equal within float rounding: for runs whose steps were split into other micro-batches.
 

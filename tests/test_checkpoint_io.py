@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.slowness import scaled
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.torch_files import CheckpointError, atomic_torch_save, load_checkpoint
 
@@ -291,7 +292,7 @@ def test_real_sigkill_during_save(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run(
         [sys.executable, "-c", CHILD_SCRIPT, str(tmp_path)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=scaled(120),
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert "survived" not in proc.stdout

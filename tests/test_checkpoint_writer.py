@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.slowness import scaled
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.checkpoint.writer import CheckpointWriter, SnapshotBuffers, snapshot, to_host
 from trainers.files import os_error_in_chain
@@ -454,7 +455,7 @@ def run_child(run_dir: Path, kill_point: str, background: bool, ending: str = "w
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return subprocess.run(
         [sys.executable, "-c", CHILD, str(run_dir), kill_point, "1" if background else "0", ending],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=scaled(120),
     )
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train_here
-from tests.test_resume_exact import _assert_equal_nested, logged_metrics
+from tests.demo_runs import REPO, SCRIPT, assert_close_weights, assert_same_training, final_state, subprocess_env, train_here
+from tests.slowness import scaled
 
 STEPS = 12
 COMMON = ["--effective-batch", "16", "--max-steps", str(STEPS), "--save-interval", "4", "--val-interval", "0",
@@ -44,7 +44,9 @@ def torchrun(out: Path, *args: str, nproc: int = 2, kill_at: str | None = None, 
              timeout: float = 240, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """The trainer under torchrun. torchrun starts each worker in a session of its own, so after a
     timeout its workers are found by parent pid and killed by pid, never left running.
-    `file_size_limit`: RLIMIT_FSIZE of torchrun and its workers (`ulimit -f`), a disk that fills up."""
+    `file_size_limit`: RLIMIT_FSIZE of torchrun and its workers (`ulimit -f`), a disk that fills up.
+    `timeout`: seconds on an idle machine (tests/slowness.py)."""
+    timeout = scaled(timeout)
     cmd = [*TORCHRUN, str(nproc), str(SCRIPT), "--output-dir", str(out), *args]
     limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))) \
         if file_size_limit else None
@@ -81,15 +83,6 @@ def worker_statuses(result: subprocess.CompletedProcess) -> dict[int, int]:
     """Each rank's exit code, from torchrun's failure report (torchrun itself exits 1 when any worker fails)."""
     found = re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", result.stderr)
     return {int(rank): int(code) for rank, code in found}
-
-
-def assert_bit_identical(a: Path, b: Path) -> None:
-    sa, sb = final_state(a), final_state(b)
-    assert sa.step == sb.step == STEPS and (sa.epoch, sa.samples_in_epoch) == (sb.epoch, sb.samples_in_epoch)
-    _assert_equal_nested(sa.model, sb.model, "model")
-    _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
-    assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
-    assert logged_metrics(sa.history) == logged_metrics(sb.history)  # what rank 0 logged, and saved mid-interval
 
 
 def history(out: Path, kind: str) -> list[dict]:
@@ -194,7 +187,7 @@ def test_killed_signalled_and_a_dead_process_resume_bit_identically(demo_assets,
     assert resumed.returncode == 0, resumed.stderr  # 0 once the final background write is complete
     assert " WARNING " not in resumed.stderr, resumed.stderr
     assert "checkpoint saves are synchronous" not in resumed.stderr and "(step 12) written in" in resumed.stderr
-    assert_bit_identical(two[0], out)
+    assert_same_training(two[0], out, STEPS)
 
 
 def test_a_background_write_that_fails_stops_both_processes_with_4(demo_assets, tmp_path):

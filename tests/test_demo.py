@@ -12,6 +12,7 @@ import torch
 import yaml
 
 from tests.demo_runs import REPO, final_state, subprocess_env, train_here
+from tests.slowness import scaled
 from trainers.model.weights import CARRIED_PREFIXES, DROPPED_PREFIXES
 
 
@@ -20,7 +21,7 @@ def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("plain") / "demo"
     # The README's command, as a user runs it (its own process), into a fresh directory.
     result = subprocess.run([sys.executable, "trainers/train_gpt_v2.py", "--demo", "--output-dir", str(out)],
-                            cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+                            cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=scaled(600))
     assert result.returncode == 0, result.stderr
     return out
 

@@ -28,6 +28,7 @@ from multiprocessing.reduction import DupFd
 from pathlib import Path
 from typing import Any
 
+from tests.slowness import scaled
 import trainers.cli
 import trainers.main  # noqa: F401  (imported once, in the server: every fork has torch and the trainer)
 
@@ -122,8 +123,9 @@ class TrainerProcess:
         return self._stderr.text()
 
     def wait(self, timeout: float) -> int:
-        """Its exit status, once it ended and closed its output; after `timeout` seconds it and everything it
-        started are killed and this raises subprocess.TimeoutExpired."""
+        """Its exit status, once it ended and closed its output; after `timeout` seconds (on an idle machine:
+        tests/slowness.py) it and everything it started are killed and this raises subprocess.TimeoutExpired."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         self._process.join(timeout)
         for reader in (self._stdout, self._stderr):
@@ -134,7 +136,8 @@ class TrainerProcess:
         return self._process.exitcode
 
     def wait_for(self, text: str, timeout: float) -> str:
-        """Its stderr up to and including the first line that contains `text`."""
+        """Its stderr up to and including the first line that contains `text` (`timeout`: as for `wait`)."""
+        timeout = scaled(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             err = self.stderr_text()
