@@ -7,15 +7,16 @@ importing torch before it trains for a second. Here multiprocessing's forkserver
 handlers, environment, working directory and exit status (-N when signal N killed it), running the
 script's own command function (trainers.cli.train_command) with the script's argv. The server never trains,
 so no OpenMP pool or other thread is forked along. Its stdout and stderr are pipes read as they come.
+torchrun is forked the same way (its main() with its argv); the workers it starts are the script itself,
+`python -u trainers/train_gpt_v2.py ...`, as for a user.
 
 Tests whose point is the command line itself (--help before torch is imported, the demo command, a signal
-during the imports, the cloud scripts, torchrun) start the real script instead.
+during the imports, the cloud scripts) start the real script instead.
 """
 from __future__ import annotations
 
 import atexit
 import multiprocessing
-
 import os
 import resource
 import signal
@@ -26,9 +27,12 @@ import time
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tests.slowness import scaled
+import torch
+import torch.distributed.run
+
 import trainers.cli
 import trainers.main  # noqa: F401  (imported once, in the server: every fork has torch and the trainer)
 
@@ -38,8 +42,16 @@ _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload([__name__])
 
 
+# What a launch runs: the program path its argv[0] names, and the function that program's __main__ calls.
+COMMANDS: dict[str, tuple[str, Callable[[], object]]] = {
+    "trainer": (str(SCRIPT), trainers.cli.train_command),  # python trainers/train_gpt_v2.py ...
+    "torchrun": (torch.distributed.run.__file__, torch.distributed.run.main),  # python -m torch.distributed.run ...
+}
+
+
 @dataclass(frozen=True)
 class _Launch:
+    command: str  # a key of COMMANDS
     argv: list[str]
     env: dict[str, str]
     cwd: str
@@ -49,7 +61,7 @@ class _Launch:
 
 
 def _child(launch: _Launch) -> None:
-    """In the forked process: become `python trainers/train_gpt_v2.py ARGV` started with `launch`'s settings."""
+    """In the forked process: become `python PROGRAM ARGV` started with `launch`'s settings."""
     if launch.new_session:
         os.setsid()
     if launch.file_size_limit is not None:  # pipes, not files, carry its output: they are not limited
@@ -67,12 +79,14 @@ def _child(launch: _Launch) -> None:
     sys.stdin = open(0, encoding="utf-8", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
-    sys.argv = [str(SCRIPT), *launch.argv]
-    import torch
-
+    program, run = COMMANDS[launch.command]
+    sys.argv = [program, *launch.argv]
     torch.set_num_threads(int(launch.env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     try:
-        trainers.cli.train_command()
+        run()
+    except Exception:  # as the interpreter ends on an uncaught exception: its traceback, exit status 1
+        sys.excepthook(*sys.exc_info())
+        raise SystemExit(1) from None
     finally:  # as the interpreter ends: non-daemon threads, then the atexit handlers
         threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
@@ -98,12 +112,13 @@ class _Collected(threading.Thread):
 
 
 class TrainerProcess:
-    """A running trainer: `pid`, `wait()` for its exit status, `stderr_text()` so far, `wait_for(text)`."""
+    """A running trainer (or torchrun): `pid`, `wait()` for its exit status, `stderr_text()` so far,
+    `wait_for(text)`."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path = REPO, new_session: bool = False,
-                 file_size_limit: int | None = None) -> None:
+                 file_size_limit: int | None = None, command: str = "trainer") -> None:
         pipes = [os.pipe(), os.pipe()]
-        launch = _Launch(argv, env, str(cwd), tuple(DupFd(w) for _, w in pipes), new_session,
+        launch = _Launch(command, argv, env, str(cwd), tuple(DupFd(w) for _, w in pipes), new_session,
                          file_size_limit)
         self._process = _context.Process(target=_child, args=(launch,), daemon=False)
         try:
@@ -113,7 +128,7 @@ class TrainerProcess:
                 os.close(w)
         self._stdout, self._stderr = (_Collected(r) for r, _ in pipes)
         self.pid: int = self._process.pid  # type: ignore[assignment]
-        self.argv = [sys.executable, str(SCRIPT), *argv]
+        self.argv = [sys.executable, COMMANDS[command][0], *argv]
 
     @property
     def returncode(self) -> int | None:
