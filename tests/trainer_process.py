@@ -16,6 +16,7 @@ during the imports, the cloud scripts) start the real script instead.
 from __future__ import annotations
 
 import atexit
+import functools
 import multiprocessing
 import os
 import resource
@@ -51,7 +52,7 @@ COMMANDS: dict[str, tuple[str, Callable[[], object]]] = {
 
 @dataclass(frozen=True)
 class _Launch:
-    command: str  # a key of COMMANDS
+    command: str  # a key of COMMANDS, or "-c": `python -c CODE ARGS` with CODE as the first of argv
     argv: list[str]
     env: dict[str, str]
     cwd: str
@@ -79,8 +80,12 @@ def _child(launch: _Launch) -> None:
     sys.stdin = open(0, encoding="utf-8", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
-    program, run = COMMANDS[launch.command]
-    sys.argv = [program, *launch.argv]
+    if launch.command == "-c":  # python -c CODE ARGS: argv[0] is "-c", as for the interpreter
+        code, sys.argv = launch.argv[0], ["-c", *launch.argv[1:]]
+        run = functools.partial(exec, compile(code, "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        program, run = COMMANDS[launch.command]
+        sys.argv = [program, *launch.argv]
     torch.set_num_threads(int(launch.env.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     try:
         run()
@@ -128,7 +133,7 @@ class TrainerProcess:
                 os.close(w)
         self._stdout, self._stderr = (_Collected(r) for r, _ in pipes)
         self.pid: int = self._process.pid  # type: ignore[assignment]
-        self.argv = [sys.executable, COMMANDS[command][0], *argv]
+        self.argv = [sys.executable, "-c" if command == "-c" else COMMANDS[command][0], *argv]
 
     @property
     def returncode(self) -> int | None:
@@ -180,3 +185,11 @@ class TrainerProcess:
     def result(self) -> subprocess.CompletedProcess:
         """What subprocess.run would have returned (after `wait`)."""
         return subprocess.CompletedProcess(self.argv, self.returncode, self._stdout.text(), self.stderr_text())
+
+
+def run_python_code(code: str, *args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """`python -c CODE ARGS` forked from the server (torch already imported), as subprocess.run would report it
+    (`timeout`: as for TrainerProcess.wait)."""
+    proc = TrainerProcess([code, *args], env, command="-c")
+    proc.wait(timeout)
+    return proc.result()
