@@ -117,16 +117,17 @@ def assert_same_training(a: Path, b: Path, steps: int) -> None:
     optimizer value (AdamW moments, step counts, param groups) torch.equal; the same samples at every step; the
     same logged train and validation metrics, in the saved history and in TensorBoard as a reader sees it."""
     sa, sb = final_state(a), final_state(b)
-    assert sa.verified and sb.verified
-    assert sa.step == sb.step == steps
-    assert (sa.epoch, sa.step_in_epoch, sa.samples_in_epoch, sa.samples_seen) == \
-        (sb.epoch, sb.step_in_epoch, sb.samples_in_epoch, sb.samples_seen)
+    assert sa.verified and sb.verified, "checksums not verified"
+    assert sa.step == sb.step == steps, f"steps {sa.step}, {sb.step}, expected {steps}"
+    where = [(s.epoch, s.step_in_epoch, s.samples_in_epoch, s.samples_seen) for s in (sa, sb)]
+    assert where[0] == where[1], f"(epoch, step in epoch, samples in epoch, samples seen) differ: {where}"
     assert_equal_nested(sa.model, sb.model, "model")
     assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
     ids = (a / "sample_ids.tsv").read_text()
-    assert ids == (b / "sample_ids.tsv").read_text() and len(ids.splitlines()) == steps
-    assert logged_metrics(sa.history) == logged_metrics(sb.history)
-    assert train_scalars(a) == train_scalars(b)
+    assert ids == (b / "sample_ids.tsv").read_text(), "sample_ids.tsv differs"
+    assert len(ids.splitlines()) == steps, f"sample_ids.tsv has {len(ids.splitlines())} steps, expected {steps}"
+    assert logged_metrics(sa.history) == logged_metrics(sb.history), "the logged train/val history differs"
+    assert train_scalars(a) == train_scalars(b), "TensorBoard's train scalars differ"
 
 
 def assert_equal_nested(x: object, y: object, where: str) -> None:
