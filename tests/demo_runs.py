@@ -1,9 +1,11 @@
-"""Running the real entry point on the demo config, in a subprocess or in this process, and comparing results.
+"""Running the real entry point on the demo config, in a process of its own or in this process, and comparing
+results.
 
-Subprocesses are for tests about processes (a real SIGKILL, a terminal's Ctrl-C); everything
-else runs `main()` in this process, which skips torch's import and start-up. Both run with one
-intra-op thread (the conftest fixture here, OMP_NUM_THREADS there), so their float results are
-bit-identical and a run may be continued by either.
+Processes of their own are for tests about processes (a real SIGKILL, a terminal's Ctrl-C): `train` forks
+them from a server that imported torch once (tests/trainer_process.py); everything else runs `main()` in this
+process, which skips torch's import and start-up. Both run with one intra-op thread (the conftest fixture here,
+OMP_NUM_THREADS there), so their float results are bit-identical and a run may be continued by either;
+`assert_same_training` is the one check that two runs trained exactly alike.
 """
 from __future__ import annotations
 
