@@ -1,5 +1,6 @@
 """Every benchmark's small mode: its command, the figure lines it must print, and a runner that starts the
-scripts as the processes they are, several at a time, each at most once per test session.
+scripts as the processes they are, each at most once per test session: in the background from the session's
+start (tests/conftest.py), or several at a time when a test asks for one that was not started.
 
 A benchmark's small mode (`--smoke`) runs every part of the script once at tiny sizes and prints its figures
 as usual; it judges no timing target (exit 0). tests/test_benchmarks.py runs them all; tests/test_gpu_acceptance.py
@@ -9,15 +10,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.acceptance.context import end_tree
 from tests.demo_runs import REPO, subprocess_env
+from tests.slowness import scaled
 
 BENCHMARKS = REPO / "benchmarks"
-TIMEOUT_S = 600  # a whole small mode; the slowest takes about 40 s alone on 2 idle cores
+TIMEOUT_S = 600  # a whole small mode on an idle machine (scaled: tests/slowness.py); the slowest takes about 40 s
 NUM = r"-?\d+(?:\.\d+)?"
 NUMS = r"-?\d+\.\d+(?:, -?\d+\.\d+)*"
 
@@ -147,25 +150,51 @@ class SmokeRun:
 
 
 _done: dict[str, SmokeRun] = {}  # this test session's runs
+_background: threading.Thread | None = None
+_stop_background = threading.Event()
+
+
+def start_in_background(scripts: list[str], folder: Path, at_once: int = 1) -> None:
+    """Start these scripts' small modes now, `at_once` at a time, while the rest of the suite runs: most of
+    the suite trains in this one process on one thread, so a core is mostly free on a 2-core machine. The
+    tests that read them (`run_smokes`) wait for them; tests/conftest.py runs those tests last."""
+    global _background
+    _background = threading.Thread(target=_run, args=(scripts, folder, at_once, _stop_background), daemon=True,
+                                   name="benchmark smokes")
+    _background.start()
+
+
+def stop_background() -> None:
+    """Kill what the background runs still have running (the end of the test session)."""
+    _stop_background.set()
+    if _background is not None:
+        _background.join()
 
 
 def run_smokes(scripts: list[str], folder: Path, at_once: int = 3) -> dict[str, SmokeRun]:
-    """Each script's small mode, `at_once` at a time, longest first; a script already run in this session is
-    not run again. Every process tree still running when this returns or raises is killed."""
-    todo = sorted((s for s in dict.fromkeys(scripts) if s not in _done), key=lambda s: -SMOKES[s].seconds)
+    """Each script's small mode, `at_once` at a time, longest first; a script already run in this session (or
+    started in the background) is not run again. Every process tree still running when this returns or raises
+    is killed."""
+    if _background is not None:
+        _background.join()
+    _run(scripts, folder, at_once)
+    return {s: _done[s] for s in scripts}
+
+
+def _run(scripts: list[str], folder: Path, at_once: int, stop: threading.Event | None = None) -> None:
+    todo = sorted((s for s in dict.fromkeys(scripts) if s in SMOKES and s not in _done), key=lambda s: -SMOKES[s].seconds)
     running: list[tuple[str, subprocess.Popen, Path, float]] = []
     try:
-        while todo or running:
+        while (todo or running) and not (stop and stop.is_set()):
             while todo and len(running) < at_once:
                 running.append(_start(todo.pop(0), folder))
             time.sleep(0.1)
-            for entry in [r for r in running if r[1].poll() is not None or time.monotonic() - r[3] > TIMEOUT_S]:
+            for entry in [r for r in running if r[1].poll() is not None or time.monotonic() - r[3] > scaled(TIMEOUT_S)]:
                 running.remove(entry)
                 _done[entry[0]] = _finish(*entry)
     finally:
         for _, proc, _, _ in running:
             end_tree(proc)
-    return {s: _done[s] for s in scripts}
 
 
 def _start(script: str, folder: Path) -> tuple[str, subprocess.Popen, Path, float]:

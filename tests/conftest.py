@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmark_smokes import start_in_background, stop_background
 from trainers.model.gpt_model import GPTConfig
 
 # The scripts the tests start (the trainer, the tools, torchrun's workers) import the trainers package
@@ -46,3 +47,34 @@ def demo_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> list
     from tests.demo_runs import demo_flags
 
     return demo_flags(Path(tmp_path_factory.mktemp("demo_assets")))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "benchmark_smokes(*scripts): the test reads these benchmarks' small modes "
+                            "(tests/benchmark_smokes.py); without scripts, the one its `script` parameter names")
+
+
+def smokes_read_by(item: pytest.Item) -> list[str]:
+    marker = item.get_closest_marker("benchmark_smokes")
+    if marker is None:
+        return []
+    if marker.args:
+        return list(marker.args)
+    params = getattr(item, "callspec", None)
+    return [params.params["script"]] if params and "script" in params.params else []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that read benchmark small modes go last: the small modes run in the background meanwhile."""
+    items.sort(key=lambda item: bool(smokes_read_by(item)))  # stable: every other test keeps its place
+
+
+@pytest.fixture(autouse=True, scope="session")
+def benchmark_smokes_in_background(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The small modes the selected tests read start with the session, one at a time, beside the other tests
+    (which mostly keep one core busy); whatever still runs at the end of the session is killed."""
+    scripts = [script for item in request.session.items for script in smokes_read_by(item)]
+    if scripts:
+        start_in_background(scripts, tmp_path_factory.mktemp("benchmark_smokes"))
+    yield
+    stop_background()

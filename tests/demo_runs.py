@@ -1,9 +1,11 @@
-"""Running the real entry point on the demo config, in a subprocess or in this process, and comparing results.
+"""Running the real entry point on the demo config, in a process of its own or in this process, and comparing
+results.
 
-Subprocesses are for tests about processes (a real SIGKILL, a terminal's Ctrl-C); everything
-else runs `main()` in this process, which skips torch's import and start-up. Both run with one
-intra-op thread (the conftest fixture here, OMP_NUM_THREADS there), so their float results are
-bit-identical and a run may be continued by either.
+Processes of their own are for tests about processes (a real SIGKILL, a terminal's Ctrl-C): `train` forks
+them from a server that imported torch once (tests/trainer_process.py); everything else runs `main()` in this
+process, which skips torch's import and start-up. Both run with one intra-op thread (the conftest fixture here,
+OMP_NUM_THREADS there), so their float results are bit-identical and a run may be continued by either;
+`assert_same_training` is the one check that two runs trained exactly alike.
 """
 from __future__ import annotations
 
@@ -69,9 +71,13 @@ def subprocess_env(kill_at: str | None = None, env: dict[str, str] | None = None
 
 def train(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,
           ) -> subprocess.CompletedProcess:
-    """The trainer in a subprocess of its own (for real kills and signals to a process group)."""
-    return subprocess.run([sys.executable, str(SCRIPT), "--output-dir", str(out), *args],
-                          env=subprocess_env(kill_at, env), cwd=REPO, capture_output=True, text=True, timeout=300)
+    """The trainer in a process of its own (for real kills and signals), forked from a server that imported
+    torch once (tests/trainer_process.py)."""
+    from tests.trainer_process import TrainerProcess
+
+    proc = TrainerProcess(["--output-dir", str(out), *args], subprocess_env(kill_at, env))
+    proc.wait(timeout=300)
+    return proc.result()
 
 
 def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,
@@ -105,6 +111,58 @@ def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str,
 
 def final_state(out: Path) -> schema.Checkpoint:
     return schema.read(out / "latest.pth")
+
+
+def assert_same_training(a: Path, b: Path, steps: int) -> None:
+    """Bit-identical training, for runs that must not differ at all (a resume against an uninterrupted run):
+    both final checkpoints verified and at `steps`, at the same place in the data; every model tensor and every
+    optimizer value (AdamW moments, step counts, param groups) torch.equal; the same samples at every step; the
+    same logged train and validation metrics, in the saved history and in TensorBoard as a reader sees it."""
+    sa, sb = final_state(a), final_state(b)
+    assert sa.verified and sb.verified, "checksums not verified"
+    assert sa.step == sb.step == steps, f"steps {sa.step}, {sb.step}, expected {steps}"
+    where = [(s.epoch, s.step_in_epoch, s.samples_in_epoch, s.samples_seen) for s in (sa, sb)]
+    assert where[0] == where[1], f"(epoch, step in epoch, samples in epoch, samples seen) differ: {where}"
+    assert_equal_nested(sa.model, sb.model, "model")
+    assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
+    ids = (a / "sample_ids.tsv").read_text()
+    assert ids == (b / "sample_ids.tsv").read_text(), "sample_ids.tsv differs"
+    assert len(ids.splitlines()) == steps, f"sample_ids.tsv has {len(ids.splitlines())} steps, expected {steps}"
+    assert logged_metrics(sa.history) == logged_metrics(sb.history), "the logged train/val history differs"
+    assert train_scalars(a) == train_scalars(b), "TensorBoard's train scalars differ"
+
+
+def assert_equal_nested(x: object, y: object, where: str) -> None:
+    """Equal structure and values; tensors torch.equal (same shape, dtype and bits)."""
+    if isinstance(x, torch.Tensor):
+        assert isinstance(y, torch.Tensor) and torch.equal(x, y), f"{where} differs"
+    elif isinstance(x, dict):
+        assert isinstance(y, dict) and x.keys() == y.keys(), f"{where} keys differ"
+        for k in x:
+            assert_equal_nested(x[k], y[k], f"{where}.{k}")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), f"{where} length differs"
+        for i, (u, v) in enumerate(zip(x, y)):
+            assert_equal_nested(u, v, f"{where}[{i}]")
+    else:
+        assert x == y, f"{where}: {x!r} != {y!r}"
+
+
+def logged_metrics(history: list[dict]) -> list[dict]:
+    """The history's train and validation entries: exactly equal after a resume (start/resume events aside)."""
+    entries = [e for e in history if e["kind"] not in ("start", "resume")]
+    assert any(e["kind"] == "train" for e in entries)
+    return entries
+
+
+def train_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard's per-step train scalars as a reader sees them (a resume purges a killed run's later steps)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag.startswith("train/") and tag != "train/samples_per_second"}  # a rate of wall time
 
 
 def assert_close_weights(a: Path, b: Path) -> None:

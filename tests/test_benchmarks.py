@@ -25,6 +25,7 @@ def smoke_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return run_smokes([s for s in selected if s in SMOKES], tmp_path_factory.mktemp("benchmark_smokes"))
 
 
+@pytest.mark.benchmark_smokes
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_benchmark_runs_in_its_small_mode_and_prints_its_figures(script: str, smoke_runs: dict) -> None:
     assert script in SMOKES, (

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import final_state, train_here
+from tests.demo_runs import assert_same_training, final_state, train_here
 from trainers.checkpoint import integrity, schema
 from trainers.checkpoint.recovery import NoIntactCheckpoint, newest_intact, set_aside
 from trainers.checkpoint.step_files import CheckpointManager
@@ -321,19 +321,6 @@ def test_a_newer_format_is_not_mistaken_for_damage(partial, tmp_path):
 
 # ---------------------------------------------------------------- the trainer
 
-def assert_same_training(a: Path, b: Path) -> None:
-    sa, sb = final_state(a), final_state(b)
-    assert sa.verified and sb.verified
-    assert (sa.step, sa.epoch, sa.step_in_epoch) == (sb.step, sb.epoch, sb.step_in_epoch) == (STEPS, 0, STEPS)
-    assert sa.model.keys() == sb.model.keys()
-    for key in sa.model:
-        assert torch.equal(sa.model[key], sb.model[key]), f"model tensor {key} differs"
-    for i, state in sa.optimizer["state"].items():
-        for name, value in state.items():
-            assert torch.equal(value, sb.optimizer["state"][i][name]), f"optimizer state {i}.{name} differs"
-    assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
-
-
 def test_resume_auto_falls_back_past_a_corrupt_newest_and_ends_bit_identical(reference, partial, tmp_path):
     run = copy_run(partial, tmp_path / "run")
     key = flip_model_byte(run / "latest.pth")
@@ -347,7 +334,8 @@ def test_resume_auto_falls_back_past_a_corrupt_newest_and_ends_bit_identical(ref
     assert any("renamed the damaged model_step12.pth to model_step12.pth.corrupt" in w for w in warnings)
     assert "resuming from" in resumed.stderr and "(step 8," in resumed.stderr and "checksums verified" in resumed.stderr
     assert (run / "model_step12.pth.corrupt").exists()
-    assert_same_training(reference, run)
+    assert_same_training(reference, run, STEPS)
+    assert (final_state(run).epoch, final_state(run).step_in_epoch) == (0, STEPS)
 
 
 def test_resume_of_a_named_corrupt_file_is_refused(partial, tmp_path):

@@ -2,14 +2,13 @@ import errno
 import logging
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.trainer_process import run_python_code
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.torch_files import CheckpointError, atomic_torch_save, load_checkpoint
 
@@ -289,10 +288,7 @@ CHILD_SCRIPT = textwrap.dedent(
 
 def test_real_sigkill_during_save(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD_SCRIPT, str(tmp_path)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )
+    proc = run_python_code(CHILD_SCRIPT, str(tmp_path), env=env, timeout=120)  # forked: tests/trainer_process.py
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert "survived" not in proc.stdout
 

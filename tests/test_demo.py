@@ -6,23 +6,40 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 import torch
 import yaml
 
 from tests.demo_runs import REPO, final_state, subprocess_env, train_here
+from tests.slowness import scaled
 from trainers.model.weights import CARRIED_PREFIXES, DROPPED_PREFIXES
 
 
 @pytest.fixture(scope="module")
-def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Path]]:
+    """The README's command, as a user runs it (its own process), into a fresh directory; started at once, so
+    the continuation test below trains in this process meanwhile. Call it to wait for the finished run."""
     out = tmp_path_factory.mktemp("plain") / "demo"
-    # The README's command, as a user runs it (its own process), into a fresh directory.
-    result = subprocess.run([sys.executable, "trainers/train_gpt_v2.py", "--demo", "--output-dir", str(out)],
-                            cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return out
+    log = out.parent / "stderr.txt"
+    with open(log, "w", encoding="utf-8") as stderr:
+        proc = subprocess.Popen([sys.executable, "trainers/train_gpt_v2.py", "--demo", "--output-dir", str(out)],
+                                cwd=REPO, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+    def finished() -> Path:
+        try:
+            returncode = proc.wait(timeout=scaled(600))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert returncode == 0, log.read_text(encoding="utf-8")
+        return out
+
+    yield finished
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def final_val_mel_loss(out: Path) -> float:
@@ -32,8 +49,39 @@ def final_val_mel_loss(out: Path) -> float:
     return val[-1]["mel_loss"]
 
 
-def test_demo_learns_and_writes_a_complete_checkpoint(plain_demo: Path) -> None:
-    out = plain_demo
+def readme_continuation() -> list[list[str]]:
+    """The trainer commands of "Set up and run" that train runs/demo2, without their --output-dir."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("## Set up and run"):text.index("## Training your data")]
+    commands = []
+    for line in block.splitlines():
+        if not line.startswith("python trainers/train_gpt_v2.py "):
+            continue
+        words = shlex.split(line, comments=True)
+        if "runs/demo2" in words:
+            at = words.index("--output-dir")
+            commands.append(words[2:at] + words[at + 2:])
+    return commands
+
+
+def test_the_readme_continuation_of_the_demo_learns_as_well_as_the_demo(plain_demo: Callable[[], Path],
+                                                                        tmp_path: Path) -> None:
+    """Issue 19.9: the README's continuation trained steps 101-240 at the floor and ended at mel loss
+    1.61, against 1.37 for the plain demo. In this process: the same floats as a trainer process with
+    one thread (tests/demo_runs.py), as the plain demo's subprocess has."""
+    commands = readme_continuation()
+    assert len(commands) == 2 and "--resume" in commands[1], commands
+    out = tmp_path / "demo2"
+    results = [train_here(out, *command) for command in commands]
+    assert [r.returncode for r in results] == [0, 0], results[-1].stderr
+    assert "training past the end of the learning-rate schedule" not in results[1].stderr
+    assert final_state(out).step == 240
+    demo = plain_demo()
+    assert final_val_mel_loss(out) <= final_val_mel_loss(demo), (final_val_mel_loss(out), final_val_mel_loss(demo))
+
+
+def test_demo_learns_and_writes_a_complete_checkpoint(plain_demo: Callable[[], Path]) -> None:
+    out = plain_demo()
     ckpt = final_state(out)
     val = [m for m in ckpt.history if m["kind"] == "val"]
     assert val[0]["step"] == 0 and val[-1]["step"] == ckpt.step == 240  # before the first step and at the end
@@ -52,33 +100,3 @@ def test_demo_learns_and_writes_a_complete_checkpoint(plain_demo: Path) -> None:
     saved_yaml = yaml.safe_load((out / "config.yaml").read_text())
     assert saved_yaml["gpt"]["number_text_tokens"] == ckpt.model["text_embedding.weight"].shape[0] - 1
     assert (out / "logs").is_dir() and any((out / "logs").iterdir())
-
-
-def readme_continuation() -> list[list[str]]:
-    """The trainer commands of "Set up and run" that train runs/demo2, without their --output-dir."""
-    text = (REPO / "README.md").read_text()
-    block = text[text.index("## Set up and run"):text.index("## Training your data")]
-    commands = []
-    for line in block.splitlines():
-        if not line.startswith("python trainers/train_gpt_v2.py "):
-            continue
-        words = shlex.split(line, comments=True)
-        if "runs/demo2" in words:
-            at = words.index("--output-dir")
-            commands.append(words[2:at] + words[at + 2:])
-    return commands
-
-
-def test_the_readme_continuation_of_the_demo_learns_as_well_as_the_demo(plain_demo: Path, tmp_path: Path) -> None:
-    """Issue 19.9: the README's continuation trained steps 101-240 at the floor and ended at mel loss
-    1.61, against 1.37 for the plain demo. In this process: the same floats as a trainer process with
-    one thread (tests/demo_runs.py), as the plain demo's subprocess has."""
-    commands = readme_continuation()
-    assert len(commands) == 2 and "--resume" in commands[1], commands
-    out = tmp_path / "demo2"
-    results = [train_here(out, *command) for command in commands]
-    assert [r.returncode for r in results] == [0, 0], results[-1].stderr
-    assert "training past the end of the learning-rate schedule" not in results[1].stderr
-    assert final_state(out).step == 240
-    assert final_val_mel_loss(out) <= final_val_mel_loss(plain_demo), (final_val_mel_loss(out),
-                                                                        final_val_mel_loss(plain_demo))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
+from tests.slowness import scaled
 from trainers.tools.tokenizer import extend_bpe
 from trainers.tools.tokenizer import sp_model_proto as proto
 
@@ -479,12 +480,12 @@ def test_script_runs_from_another_directory(assets: Assets, tmp_path: Path) -> N
     script = TOOLS_DIR / "extend_bpe.py"
     args = [str(a) for a in extend_args(assets, "bpe", tmp_path, BASE_VOCAB + 100)]
     done = subprocess.run([sys.executable, str(script), *args, "--report", str(tmp_path / "r.json")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 0, done.stderr
     assert "report base_lines_changed=0" in done.stderr
     assert json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["new_size"] == BASE_VOCAB + 100
     bad = subprocess.run([sys.executable, str(script), "--base-model", "missing.model"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=scaled(120))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.slowness import scaled
 from trainers.checkpoint import schema
 from trainers.tools.inspect_checkpoint import main
 from trainers.training.rng import ProcessRNG
@@ -245,7 +246,7 @@ def test_runs_as_a_script_from_another_directory(files, tmp_path):
     import sys
     script = Path(__file__).resolve().parents[1] / "tools" / "inspect_checkpoint.py"
     done = subprocess.run([sys.executable, str(script), str(files["clean"]), "--base", str(files["base"])],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=scaled(120))
     assert done.returncode == 0, done.stderr
     assert "base rows: unchanged" in done.stdout
 

@@ -12,6 +12,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from tests.slowness import scaled
+
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
 
@@ -49,7 +51,7 @@ def test_every_tool_script_has_a_command_running_the_same_main():
 def _without_the_package(script: Path, *args: str) -> subprocess.CompletedProcess:
     # -S: no site-packages (where an install would be), -E: no PYTHONPATH (the suite points it at this checkout).
     return subprocess.run([sys.executable, "-S", "-E", str(script), *args], capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+                          timeout=scaled(60), cwd=REPO)
 
 
 def test_a_script_without_the_package_says_how_to_install_it():
@@ -66,13 +68,13 @@ def test_the_trainer_script_warns_when_it_runs_another_copy_of_the_package(tmp_p
     copy = tmp_path / "clone" / "trainers" / "train_gpt_v2.py"
     copy.parent.mkdir(parents=True)
     shutil.copy(TRAINER_SCRIPT, copy)
-    done = subprocess.run([sys.executable, str(copy), "--help"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(copy), "--help"], capture_output=True, text=True, timeout=scaled(60))
     assert done.returncode == 0 and "usage: train_gpt_v2.py" in done.stdout, done.stderr
     assert done.stderr.startswith(f"warning: train_gpt_v2.py runs the trainers package installed at "
                                   f"{REPO / 'trainers'}, not the code beside it in {copy.parent}")
     assert f"pip install -e {copy.parent.parent}" in done.stderr
     same = subprocess.run([sys.executable, str(TRAINER_SCRIPT), "--help"], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=scaled(60))
     assert same.returncode == 0 and same.stderr == ""
 
 

@@ -14,9 +14,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.demo_runs import REPO, final_state, train_here
+from tests.demo_runs import REPO, assert_same_training, final_state, train_here
 from trainers.config.flags import parse_command_line
 from trainers.run.portable import INPUTS_FILE, Places, rebase
 
@@ -33,20 +32,6 @@ def reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) 
     result = train_here(out, *demo_assets, *COMMON)
     assert result.returncode == 0, result.stderr
     return out
-
-
-def assert_same_training(a: Path, b: Path) -> None:
-    """Bit-identical: every model tensor and AdamW moment torch.equal, the same samples at every step."""
-    sa, sb = final_state(a), final_state(b)
-    assert sa.step == sb.step == STEPS and sa.samples_seen == sb.samples_seen
-    assert sa.model.keys() == sb.model.keys()
-    for key in sa.model:
-        assert torch.equal(sa.model[key], sb.model[key]), f"model tensor {key} differs"
-    for index, state in sa.optimizer["state"].items():
-        for name, value in state.items():
-            assert torch.equal(value, sb.optimizer["state"][index][name]), f"optimizer state {index}.{name} differs"
-    assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
-    assert len((a / "sample_ids.tsv").read_text().splitlines()) == STEPS
 
 
 def copy_data(demo_assets: list[str], to: Path) -> list[str]:
@@ -114,7 +99,7 @@ def test_moved_run_and_data_resume_with_one_remap_bit_identically(demo_assets, r
     for flag, name in (("--train-manifest", "train.jsonl"), ("--tokenizer", "bpe.model"), ("--config", "demo.yaml")):
         assert f"input moved: {flag} {old_data / name} -> {new_data / name} (--data-root " in resumed.stderr
     assert " WARNING " not in resumed.stderr
-    assert_same_training(reference, run)  # every model and optimizer tensor, and sample_ids.tsv
+    assert_same_training(reference, run, STEPS)  # every model and optimizer tensor, and sample_ids.tsv
     assert final_state(run).settings["tokenizer"] == str(new_data / "bpe.model")  # saved: the next resume needs no flag
     again = train_here(run, "--resume", "auto", "--max-steps", str(STEPS + 2))
     assert again.returncode == 0 and "input moved" not in again.stderr, again.stderr
@@ -136,7 +121,7 @@ def test_moved_demo_run_finds_its_demo_data_inside_the_run_directory(reference, 
     assert "Reusing demo corpus" in resumed.stderr  # not generated again
     # --demo generates the same corpus the reference was trained on.
     assert final_state(run).fingerprints == final_state(reference).fingerprints
-    assert_same_training(reference, run)
+    assert_same_training(reference, run, STEPS)
     assert_latest_is_a_hard_link(run)  # the copied latest.pth was replaced by a link at the next save
 
 
@@ -213,7 +198,7 @@ def test_a_packed_run_resumes_anywhere_without_a_remap(demo_assets, reference, t
     resumed = train_here(run, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert f"input moved: --tokenizer {data / 'bpe.model'} -> {run / 'inputs' / 'bpe.model'} (packed" in resumed.stderr
-    assert_same_training(reference, run)
+    assert_same_training(reference, run, STEPS)
 
 
 def test_a_run_without_a_checkpoint_needs_its_base_checkpoint_and_pack_copies_it(demo_assets, reference, tmp_path,
@@ -236,7 +221,7 @@ def test_a_run_without_a_checkpoint_needs_its_base_checkpoint_and_pack_copies_it
     resumed = train_here(run, "--resume", "auto", "--data-root", f"{old_data}={new_data}")
     assert resumed.returncode == 0, resumed.stderr
     assert "no checkpoint yet" in resumed.stderr
-    assert_same_training(reference, run)
+    assert_same_training(reference, run, STEPS)
 
 
 def test_data_root_replaces_whole_folder_names_only():

@@ -2,7 +2,7 @@
 
 Each test runs the real entry point on the demo config and compares the final checkpoint of an
 interrupted-and-resumed run with one uninterrupted run, tensor by tensor. Kills are real
-SIGKILLs of a trainer subprocess at exact points (trainers/faults.py); signals the
+SIGKILLs of a trainer process at exact points (trainers/faults.py); signals the
 trainer handles (SIGTERM, SIGINT) and refusals run in this process (tests/demo_runs.py).
 """
 from __future__ import annotations
@@ -11,64 +11,20 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.demo_runs import REPO, SCRIPT, assert_close_weights, final_state, subprocess_env, train, train_here
+from tests.demo_runs import (assert_close_weights, assert_same_training, final_state, subprocess_env, train, train_here,
+                             train_scalars)
+from tests.trainer_process import TrainerProcess
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
 # Log interval 10: most resumes below land mid-interval, and the logged history must match too.
 COMMON = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STEPS), "--save-interval", "6",
           "--val-interval", "0", "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1",
           "--keep-checkpoints", "2", "--log-interval", "10"]
-
-
-def assert_same_training(a: Path, b: Path) -> None:
-    sa, sb = final_state(a), final_state(b)
-    assert sa.step == sb.step == STEPS
-    assert (sa.epoch, sa.step_in_epoch) == (sb.epoch, sb.step_in_epoch)
-    assert sa.model.keys() == sb.model.keys()
-    for key in sa.model:
-        assert torch.equal(sa.model[key], sb.model[key]), f"model tensor {key} differs"
-    _assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
-    assert (a / "sample_ids.tsv").read_text() == (b / "sample_ids.tsv").read_text()
-    assert logged_metrics(sa.history) == logged_metrics(sb.history)
-    assert train_scalars(a) == train_scalars(b)
-
-
-def logged_metrics(history: list[dict]) -> list[dict]:
-    """The history's train and validation entries: exactly equal after a resume (start/resume events aside)."""
-    entries = [e for e in history if e["kind"] not in ("start", "resume")]
-    assert any(e["kind"] == "train" for e in entries)
-    return entries
-
-
-def _assert_equal_nested(x: object, y: object, where: str) -> None:
-    if isinstance(x, torch.Tensor):
-        assert isinstance(y, torch.Tensor) and torch.equal(x, y), f"{where} differs"
-    elif isinstance(x, dict):
-        assert isinstance(y, dict) and x.keys() == y.keys(), f"{where} keys differ"
-        for k in x:
-            _assert_equal_nested(x[k], y[k], f"{where}.{k}")
-    elif isinstance(x, (list, tuple)):
-        assert len(x) == len(y), f"{where} length differs"
-        for i, (u, v) in enumerate(zip(x, y)):
-            _assert_equal_nested(u, v, f"{where}[{i}]")
-    else:
-        assert x == y, f"{where}: {x!r} != {y!r}"
-
-
-def train_scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
-    """TensorBoard's per-step train scalars as a reader sees them (a resume purges a killed run's later steps)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run / "logs"), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
-            if tag.startswith("train/") and tag != "train/samples_per_second"}  # a rate of wall time
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +67,7 @@ def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(demo_assets, 
         assert " WARNING " not in resumed.stderr, f"{where}: a healthy resume printed a warning"
         if kill_at == "save:18:tmp_written":  # the resumed trainer removed the killed save's partial file
             assert not any(".tmp" in p.name for p in out.iterdir()), where
-    assert_same_training(reference, out)
+    assert_same_training(reference, out, STEPS)
 
 
 def assert_killed_write_never_became_latest(out: Path) -> None:
@@ -128,7 +84,7 @@ def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(demo_assets, ref
     assert final_state(out).step == 9  # the step in progress was finished, then saved
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert_same_training(reference, out)
+    assert_same_training(reference, out, STEPS)
 
 
 def test_other_micro_batch_same_effective_batch(demo_assets, reference, tmp_path):
@@ -181,7 +137,7 @@ def test_resume_from_an_explicit_older_checkpoint(demo_assets, reference, tmp_pa
     resumed = train_here(out, "--resume", str(out / "model_step6.pth"), "--max-steps", str(STEPS))
     assert resumed.returncode == 0, resumed.stderr
     assert "(step 6," in resumed.stderr
-    assert_same_training(reference, out)
+    assert_same_training(reference, out, STEPS)
 
 
 def test_more_epochs_continue_where_the_last_epoch_ended(demo_assets, tmp_path):
@@ -226,20 +182,17 @@ def test_sigint_finishes_the_step_saves_and_exits_130(demo_assets, tmp_path):
 def test_ctrl_c_to_the_process_group_with_data_workers(demo_assets, reference, tmp_path):
     """A terminal's Ctrl-C reaches the workers too; the main process alone must handle it."""
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *COMMON,
-                             "--num-workers", "2"],
-                            cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if " step 10/" in line:  # the first log line (--log-interval 10)
-            break
+    proc = TrainerProcess(["--output-dir", str(out), *demo_assets, *COMMON, "--num-workers", "2"], subprocess_env(),
+                          new_session=True)
+    before = proc.wait_for(" step 10/", timeout=120)  # the first log line (--log-interval 10)
     os.killpg(proc.pid, signal.SIGINT)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=120) == 130, rest
+    status = proc.wait(timeout=120)
+    rest = proc.stderr_text()[len(before):]
+    assert status == 130, rest
     assert rest.count("received SIGINT") == 1, rest
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert_same_training(reference, out)
+    assert_same_training(reference, out, STEPS)
 
 
 def test_effective_batch_change_when_allowed_resumes_at_the_sample_offset(demo_assets, tmp_path):
@@ -347,7 +300,7 @@ def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, r
         step = expected_resume[kill_at]
         assert ("no checkpoint yet" in resumed.stderr) if step is None else f"(step {step}," in resumed.stderr
         assert "in the background" in resumed.stderr  # the writer thread wrote them
-    assert_same_training(reference, out)
+    assert_same_training(reference, out, STEPS)
 
 
 def test_a_signal_save_in_the_background_completes_before_exit(demo_assets, tmp_path):

@@ -16,6 +16,7 @@ import pytest
 import sentencepiece as spm
 import yaml
 
+from tests.slowness import scaled
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.manifest import DataLimits, ManifestSpec, load_manifests
 from trainers.tools.tokenizer import extend_bpe
@@ -415,12 +416,12 @@ def test_script_runs_from_another_directory_and_help_names_the_skipped_normalisa
     script = TOOLS_DIR / "retokenize_manifest.py"
     done = subprocess.run([sys.executable, str(script), "--tokenizer", str(assets.upper_tokenizer), "--manifests",
                            str(assets.val), "--output-dir", "out"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=scaled(120))
     assert done.returncode == 0, done.stderr
     assert load_manifests([ManifestSpec(tmp_path / "out" / "val.jsonl", None)], DEMO_LIMITS)
-    helped = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    helped = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=scaled(120))
     assert helped.returncode == 0
     assert "normalisation SKIPPED" in helped.stdout and "WeTextProcessing" in helped.stdout
     bad = subprocess.run([sys.executable, str(script), "--tokenizer", "missing.model"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=scaled(120))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr

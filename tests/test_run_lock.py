@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.demo_runs import REPO, SCRIPT, final_state, subprocess_env, train_here
+from tests.demo_runs import final_state, subprocess_env, train_here
+from tests.trainer_process import TrainerProcess
 from trainers.errors import UserError
 from trainers.run.lock import RunLock
 
@@ -19,13 +18,9 @@ FLAGS = ["--batch-size", "16", "--val-interval", "0", "--max-val-batches", "1", 
 
 def test_a_second_trainer_is_refused_and_a_killed_ones_lock_does_not_block(demo_assets, tmp_path):
     out = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, str(SCRIPT), "--output-dir", str(out), *demo_assets, *FLAGS,
-                              "--max-steps", "400"], cwd=REPO, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
+    first = TrainerProcess(["--output-dir", str(out), *demo_assets, *FLAGS, "--max-steps", "400"], subprocess_env())
     try:
-        assert first.stderr is not None
-        for line in first.stderr:
-            if "first optimizer step finished" in line:  # training, no checkpoint yet (as a fresh start sees it)
-                break
+        first.wait_for("first optimizer step finished", timeout=120)  # training, no checkpoint yet (as a fresh start sees it)
         config = (out / "run_config.json").read_bytes()
         for flags in (["--resume", "auto"], [*demo_assets, *FLAGS, "--seed", "2"]):  # continue it; start another
             refused = train_here(out, *flags)
@@ -37,11 +32,10 @@ def test_a_second_trainer_is_refused_and_a_killed_ones_lock_does_not_block(demo_
         assert refused.returncode == 2, refused.stderr
         assert "another trainer is using" in refused.stderr and ".trainer.lock was deleted" in refused.stderr
         assert not (out / ".trainer.lock").exists() and (out / "run_config.json").read_bytes() == config
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=60)
+        os.kill(first.pid, signal.SIGKILL)
+        assert first.wait(timeout=60) == -signal.SIGKILL
     finally:
-        if first.poll() is None:
-            first.kill()
+        first.kill_tree()
     resumed = train_here(out, "--resume", "auto", "--max-steps", "2")
     assert resumed.returncode == 0, resumed.stderr  # the kernel dropped the dead trainer's lock
     assert "no checkpoint yet" in resumed.stderr and final_state(out).step == 2

@@ -1,25 +1,20 @@
 """A checkpoint that cannot be written stops the run with status 4; the previous checkpoint stays intact.
 
-The failure is real: the trainer runs in a subprocess whose file-size limit (RLIMIT_FSIZE, what
+The failure is real: the trainer runs in a process of its own (tests/trainer_process.py) whose file-size limit (RLIMIT_FSIZE, what
 `ulimit -f` sets) is below a checkpoint's size, so the write fails inside torch's serializer, as
 on a full disk.
 """
 from __future__ import annotations
 
-import resource
 import subprocess
-import sys
 
 import torch
 
-from tests.demo_runs import REPO, SCRIPT, final_state, subprocess_env, train_here
+from tests.demo_runs import final_state, subprocess_env, train_here
+from tests.trainer_process import TrainerProcess
 
 FLAGS = ["--batch-size", "8", "--save-interval", "2", "--keep-checkpoints", "2", "--val-interval", "0",
          "--max-val-batches", "1", "--log-interval", "100", "--lr-decay-steps", "8"]
-
-
-def _limit_file_size(limit: int):
-    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
 def test_a_failed_write_exits_4_keeps_the_previous_checkpoint_and_the_resume_is_exact(demo_assets, tmp_path):
@@ -28,9 +23,7 @@ def test_a_failed_write_exits_4_keeps_the_previous_checkpoint_and_the_resume_is_
     out = tmp_path / "run"
     assert train_here(out, *demo_assets, *FLAGS, "--max-steps", "4").returncode == 0
     size = (out / "latest.pth").stat().st_size
-    failed = subprocess.run([sys.executable, str(SCRIPT), "--resume", "auto", "--output-dir", str(out),
-                             "--max-steps", "8"], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
-                            timeout=300, preexec_fn=_limit_file_size(size // 2))
+    failed = _resume_limited(out, size // 2, "--max-steps", "8")
     assert failed.returncode == 4, failed.stderr
     assert "could not write the checkpoint of step 6" in failed.stderr
     assert "File too large" in failed.stderr and "model_step4.pth" in failed.stderr
@@ -44,9 +37,11 @@ def test_a_failed_write_exits_4_keeps_the_previous_checkpoint_and_the_resume_is_
 
 
 def _resume_limited(out, limit: int, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), "--resume", "auto", "--output-dir", str(out), *flags],
-                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300,
-                          preexec_fn=_limit_file_size(limit))
+    """`--resume auto` in a trainer process whose files cannot grow past `limit` bytes."""
+    proc = TrainerProcess(["--resume", "auto", "--output-dir", str(out), *flags], subprocess_env(),
+                          file_size_limit=limit)
+    proc.wait(timeout=300)
+    return proc.result()
 
 
 def test_a_log_that_cannot_be_written_mid_run_exits_4_without_a_traceback(demo_assets, tmp_path):
