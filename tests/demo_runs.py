@@ -14,7 +14,6 @@ import io
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
