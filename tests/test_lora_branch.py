@@ -83,13 +83,17 @@ def test_the_branch_trains_and_its_base_stays_the_full_checkpoints_model(full_ru
     assert any(bool(v.abs().sum() > 0) for k, v in own.items() if k.endswith(".lora_b"))  # the adapters did train
 
 
-def test_a_killed_branch_resumes_bit_identically(full_run, branch_reference, tmp_path):
+@pytest.mark.parametrize("kill_at, resumes", [("micro:3:1", "(step 2,"), ("micro:1:0", "")],
+                         ids=["mid_accumulation", "before_the_first_checkpoint"])
+def test_a_killed_branch_resumes_bit_identically(full_run, branch_reference, tmp_path, kill_at, resumes):
+    """Killed before its first checkpoint, the branch's directory holds its settings and lora_base.pth:
+    --resume auto starts it again from them (the branch command itself is refused there: another run's directory)."""
     out = tmp_path / "run"
-    killed = train(out, "--resume", str(full_run / "latest.pth"), *BRANCH, kill_at="micro:3:1")
+    killed = train(out, "--resume", str(full_run / "latest.pth"), *BRANCH, kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert "(step 2," in resumed.stderr
+    assert resumes in resumed.stderr
     a, b = final_state(branch_reference), final_state(out)
     assert a.step == b.step == 6 and a.model.keys() == b.model.keys()
     assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
