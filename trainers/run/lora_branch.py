@@ -52,8 +52,10 @@ def start_lora_branch(cmd: CommandLine, settings: TrainConfig, saved: SavedRun, 
     base = run_dir / BRANCH_BASE_NAME
     buffer = io.BytesIO()
     torch.save({"model": ckpt.section("model")}, buffer)  # the model section is already the upstream layout
+    data = buffer.getvalue()
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomically(base, buffer.getvalue())
+    if not (base.is_file() and base.read_bytes() == data):  # under torchrun rank 0 wrote it; the others read it
+        write_bytes_atomically(base, data)
     origin = f"run {saved.run_id or '(no identity)'} at step {ckpt.step} ({source})"
     log.info("starting a LoRA branch of %s in %s: its model, written to %s, is the base of the adapters; that run "
              "is left as it is", origin, run_dir, base)
