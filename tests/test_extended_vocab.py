@@ -179,3 +179,25 @@ def test_checkpoint_of_another_vocabulary_size_starts_a_new_run_from_its_weights
     for key in TEXT_ROW_KEYS:  # the old run's rows are this run's frozen base
         assert torch.equal(_base_rows(state.model[key], BASE_TOKENS), previous.model[key])
     assert (old / "model_step6.pth").exists()  # the old run is untouched
+
+
+def test_a_lora_branch_of_a_full_run_with_an_extended_tokenizer_trains_the_new_rows(data, tmp_path):
+    """A full run's checkpoint branched as LoRA with a longer tokenizer: the checkpoint's rows are the frozen base
+    rows, the new rows train beside the adapters; a tokenizer that does not extend the run's is refused."""
+    old = tmp_path / "old"
+    assert train_here(old, *data["base_run"], *FLAGS, "--max-steps", "2").returncode == 0
+    refused = train_here(tmp_path / "x", "--resume", str(old / "latest.pth"), "--lora-rank", "4", "--tokenizer",
+                         str(data["unrelated_tokenizer"]))
+    assert refused.returncode == 2 and "is not an extension of" in refused.stderr
+    ext = data["extended_run"]
+    new = tmp_path / "new"
+    started = train_here(new, "--resume", str(old / "latest.pth"), "--lora-rank", "4", "--max-steps", "4",
+                         "--tokenizer", str(data["extended_tokenizer"]),
+                         "--train-manifest", ext[ext.index("--train-manifest") + 1])
+    assert started.returncode == 0, started.stderr
+    assert "text_embedding and text_head train (their base rows held exact)" in started.stderr
+    state, previous = final_state(new), final_state(old)
+    assert state.step == 4 and state.lora is not None
+    assert (state.text_tokens, state.base_text_tokens) == (EXTENDED, BASE_TOKENS)
+    for key in TEXT_ROW_KEYS:
+        assert torch.equal(_base_rows(state.model[key], BASE_TOKENS), previous.model[key]), key

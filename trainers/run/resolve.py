@@ -30,6 +30,7 @@ from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
     DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
 )
+from trainers.run.lora_branch import is_lora_branch, start_lora_branch
 from trainers.run.portable import locate_inputs
 from trainers.run.run_dir import SavedRun, newest_checkpoint, run_identity
 
@@ -71,7 +72,12 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     model_yaml = read_model_yaml(settings.config)
     ensure_demo_inputs(settings, model_yaml)
     text_tokens = tokenizer_size(settings.tokenizer)
-    if saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
+    lora_branch = None
+    if is_lora_branch(settings, saved, run_dir):
+        assert saved is not None
+        settings, lora_branch = start_lora_branch(cmd, settings, saved, run_dir, text_tokens)
+        saved = None
+    elif saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
         settings = _weights_only_start(cmd, settings, saved, text_tokens)
         saved = None
     # A resumed full checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
@@ -93,7 +99,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
     check_horizon(train, n_train)
-    branch_of = _branch_of(saved, run_dir)
+    branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
                       inputs, saved, branch_of)
@@ -189,17 +195,18 @@ def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, mach
     values.update(_given_batch_split(cmd.given, world_size))
     values = _scaled_learning_rate(cmd, values, saved)
     values["output_dir"] = str(run_dir)
-    values = _lora_values(cmd.given, values)
+    values = _lora_values(cmd.given, values, bool(saved and saved.checkpoint))
     cfg = TrainConfig.from_dict({k: v for k, v in values.items() if k in FIELD_NAMES})
     check_values(cfg)
     return cfg
 
 
-def _lora_values(given: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """--lora-alpha defaults to 2 x --lora-rank; the other LoRA flags mean nothing without a rank."""
+def _lora_values(given: dict[str, Any], values: dict[str, Any], from_checkpoint: bool = False) -> dict[str, Any]:
+    """--lora-alpha defaults to 2 x --lora-rank; the other LoRA flags mean nothing without a rank.
+    A run continued from a checkpoint adapts that checkpoint's model (a LoRA branch: trainers/run/lora_branch.py)."""
     rank = values.get("lora_rank", 0)
     stray = [k for k in LORA_KEYS[1:] if k in given]
-    if isinstance(rank, int) and rank > 0 and not values.get("base_checkpoint"):
+    if isinstance(rank, int) and rank > 0 and not values.get("base_checkpoint") and not from_checkpoint:
         raise UserError(f"--lora-rank {rank} adapts a trained model: pass --base-checkpoint gpt.pth (adapters on random "
                         "weights learn nothing a full fine-tuning would not); nothing was written")
     if rank == 0 and stray:

@@ -43,8 +43,10 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     if any(c.key == "lora_rank" for c in breaking):
         lines.append(
             "  --lora-rank decides what trains and what the checkpoint holds: a LoRA run continues with its own rank "
-            "(adapters of another rank do not fit), and a full fine-tuning checkpoint does not continue as LoRA; for "
-            "another rank start a new run (a new --output-dir) from --base-checkpoint")
+            "(adapters of another rank do not fit), and a full fine-tuning checkpoint does not continue as LoRA in its "
+            "own directory; for another rank start a new run (a new --output-dir) from --base-checkpoint, and to adapt "
+            f"this checkpoint's model branch it into a new directory: --resume {path} --output-dir NEW_DIR "
+            "--lora-rank R")
     if any(c.key == "effective_batch" for c in breaking):
         lines.append(
             f"  the effective batch is a hyperparameter of the run ({saved.effective_batch} samples per step); "
