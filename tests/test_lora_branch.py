@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests.demo_runs import assert_close_weights, final_state, train, train_here
-from tests.test_lora_runs import COMMON, STEPS, lora_reference  # noqa: F401 (a fixture, used by name)
+from tests import test_lora_runs
+from tests.test_lora_runs import COMMON, STEPS
 from trainers.checkpoint import schema
 from trainers.config.flags import parse_command_line
 from trainers.faults import Faults
@@ -24,6 +25,8 @@ from trainers.stop_signals import StopRequest
 FULL = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", "4", "--save-interval", "2",
         "--val-interval", "0", "--max-val-batches", "1", "--log-interval", "2"]
 BRANCH = ["--lora-rank", "4", "--lora-dropout", "0.1", "--max-steps", "6", "--save-interval", "2"]
+
+lora_reference = test_lora_runs.lora_reference  # the uninterrupted LoRA run, a fixture shared with that module
 
 
 def _snapshot(directory: Path, lock: bool = True) -> dict[str, bytes]:

@@ -6,8 +6,6 @@ reproduce every key upstream has, its conditioning encoders included, not only t
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import yaml
