@@ -18,7 +18,7 @@ from tqdm import tqdm
 from trainers import PROCESS_START
 from trainers.data.data_order import StepPlan
 from trainers.data.features import Batch
-from trainers.errors import EXIT_DIVERGED, TrainingDiverged
+from trainers.errors import EXIT_DIVERGED, EXIT_OK, TrainingDiverged
 from trainers.faults import Faults
 from trainers.hardware.cuda_alloc import fragmentation_advice
 from trainers.hardware.determinism import nondeterministic_or
@@ -63,6 +63,8 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if settings.val_interval and progress.step % settings.val_interval == 0 and not last:
                 evaluate(run, tlog, faults)
+                if progress.patience_spent(settings.early_stop_patience):
+                    return stop_early(run, tlog)
                 run.model.train()
             stopping = run.world.agree_to_stop(stop)
             if (progress.step % settings.save_interval == 0 and not last) or stopping:
@@ -75,6 +77,21 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                          run.cfg.run_dir)
                 return stop.exit_status
     return None
+
+
+def stop_early(run: Run, tlog: TrainLog) -> int:
+    """Early stopping after a validation: the final checkpoint (best.pth was written at the best), status 0."""
+    progress, settings = run.progress, run.settings
+    tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
+    tlog.write_steps()
+    run.checkpoints.save(progress.step)
+    run.checkpoints.wait()  # complete before the trainer says so, or exits
+    best = progress.best or {}
+    log.info("early stop at step %d: %d validations in a row without a better %s than %s at step %s "
+             "(--early-stop-patience %d); best.pth holds that step. To train on, resume with a larger "
+             "--early-stop-patience", progress.step, progress.stale_validations, settings.best_metric,
+             best.get("value"), best.get("step"), settings.early_stop_patience)
+    return EXIT_OK
 
 
 def train_step(run: Run, plan: StepPlan, batches: Iterator[Batch],
@@ -208,7 +225,9 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
 def keep_if_best(run: Run, means: dict[str, float]) -> None:
     """best.pth: the checkpoint of the best validation so far (compared across resumes too)."""
     metric, progress = run.settings.best_metric, run.progress
-    if progress.improves(metric, means):
+    improved = progress.improves(metric, means)
+    progress.count_validation(improved)
+    if improved:
         progress.best = {"metric": metric, "value": means[metric], "step": progress.step}
         run.checkpoints.save_best(progress.step, metric, means[metric])
 

@@ -95,6 +95,11 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                  run.progress.step)
         tlog.close()
         return EXIT_OK
+    if run.progress.patience_spent(run.settings.early_stop_patience):
+        log.info("nothing to do: the run stopped early at step %d after %d validations without a new best; pass a "
+                 "larger --early-stop-patience to continue", run.progress.step, run.progress.stale_validations)
+        tlog.close()
+        return EXIT_OK
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
                disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step

@@ -171,6 +171,9 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
               "sets it when the flag is not given)", "1800")
     rt.add_argument("--best-metric", choices=("mel_loss", "text_loss", "mel_top1"),
                     help=f"validation metric whose best value is kept as OUTPUT_DIR/best.pth [{d.best_metric}]")
+    _num(rt, "--early-stop-patience", d.early_stop_patience,
+         "end training (status 0, final checkpoint saved) after N validations in a row without a new best "
+         "--best-metric (0: off); a resume may raise it to continue")
     rt.add_argument("--log-sample-ids", action="store_true",
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
 

@@ -81,6 +81,7 @@ class TrainConfig:
     log_interval: int = 10
     log_sample_ids: bool = False
     best_metric: str = "mel_loss"  # the validation metric best.pth is kept for: mel_loss, text_loss or mel_top1
+    early_stop_patience: int = 0  # end training after this many validations without a new best (0: off)
     demo: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +122,7 @@ LEGACY_VALUES: dict[str, Any] = {
     "lora_alpha": None,
     "lora_targets": tuple(LORA_TARGET_PATHS),
     "lora_dropout": 0.0,
+    "early_stop_patience": 0,  # before early stopping: never
 }
 
 
@@ -175,7 +177,7 @@ HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "va
 FREE_KEYS = (
     *HARDWARE_KEYS, "epochs", "max_steps", "amp", "tf32", "grad_checkpointing", "deterministic", "val_interval",
     "max_val_batches", "save_interval", "keep_checkpoints", "background_saves", "log_interval", "log_sample_ids",
-    "best_metric",
+    "best_metric", "early_stop_patience",
     "val_manifests",
     "output_dir", "base_checkpoint", "config",
     "train_manifests", "tokenizer",  # compared through fingerprints instead of paths
