@@ -196,7 +196,7 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 
-def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | None:
+def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> dict[str, float] | None:
     """Validation on a fixed set of samples; on out-of-memory, again from the start with half the batch."""
     if run.val_loader is None:
         return None
@@ -212,7 +212,10 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
             bad = sorted(k for k, v in means.items() if not math.isfinite(v))
             if bad:
                 raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
-            keep_if_best(run, means)
+            generated = generate_samples(run, tlog, faults, final)
+            keep_if_best(run, {**means, **generated})
+            if generated:  # after best.pth, so the set of the best step is kept
+                run.generation.write(run.progress.step, generated, (run.progress.best or {}).get("step"))
             return means
         release_memory(run.hardware.device)
         run.hardware.halve_val_batch(error)
@@ -222,9 +225,23 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
         tlog.scalar("hardware/val_batch", val_batch, run.progress.step)
 
 
+def generate_samples(run: Run, tlog: TrainLog, faults: Faults, final: bool) -> dict[str, float]:
+    """--sample-interval: the chosen samples' codes at this validation, and their gen/* metrics ({} if none)."""
+    gen, step = run.generation, run.progress.step
+    if gen is None or not gen.due(step, final):
+        return {}
+    t0 = time.perf_counter()
+    metrics = gen.run_at(run, faults)
+    tlog.generation(step, metrics, time.perf_counter() - t0)
+    return metrics
+
+
 def keep_if_best(run: Run, means: dict[str, float]) -> None:
-    """best.pth: the checkpoint of the best validation so far (compared across resumes too)."""
+    """best.pth: the checkpoint of the best validation so far (compared across resumes too). A gen/* metric
+    is compared at the validations that generate only; the others count for nothing, early stopping included."""
     metric, progress = run.settings.best_metric, run.progress
+    if metric not in means:
+        return
     improved = progress.improves(metric, means)
     progress.count_validation(improved)
     if improved:

@@ -111,7 +111,7 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         if stopped is not None:
             return stopped
         tlog.flush_interval(run.progress.step, run.data.epoch, run.total_steps)
-        evaluate(run, tlog, faults)
+        evaluate(run, tlog, faults, final=True)
         run.checkpoints.save(run.progress.step)
         run.checkpoints.wait()  # the final save is complete before the trainer says so, or exits
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainers.training.generation_metrics import HIGHER_IS_BETTER as GEN_HIGHER_IS_BETTER
 from trainers.training.train_log import LogInterval
 
 log = logging.getLogger("train")
 
-HIGHER_IS_BETTER = {"mel_top1"}  # every other --best-metric is a loss
+HIGHER_IS_BETTER = {"mel_top1", *GEN_HIGHER_IS_BETTER}  # every other --best-metric is a loss or lower-is-better
 
 
 @dataclass
