@@ -78,3 +78,19 @@ def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(r
     ours, theirs = read_step(out, 6), read_step(runs["on"], 6)
     assert ours.ids == theirs.ids and all(map(torch.equal, map(torch.from_numpy, ours.codes),
                                               map(torch.from_numpy, theirs.codes)))
+
+
+def test_under_torchrun_rank_0_generates_and_both_processes_stop_early_alike(demo_assets, tmp_path):
+    """Rank 1 generates nothing but gets rank 0's metrics, so it stops early at the same validation (on the
+    demo the generated length moves away from the reference's from step 0 to 3: patience 1 stops at 3)."""
+    from tests.test_ddp_runs import torchrun
+
+    out = tmp_path / "run"
+    done = torchrun(out, *demo_assets, *FLAGS, *SAMPLING, "--best-metric", "gen/length_error_median",
+                    "--early-stop-patience", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "early stop at step 3" in done.stderr and final_state(out).step == 3
+    assert sorted(list_sets(out)) == [0, 3]
+    assert done.stderr.count("generation step 3 stop_rate") == 1  # rank 0's line only
+    errors = {s: read_step(out, s).metrics["gen/length_error_median"] for s in list_sets(out)}
+    assert errors[3] > errors[0] and schema.read(out / "best.pth").best["value"] == errors[0]
