@@ -60,3 +60,12 @@ def test_a_resume_respects_the_stop_and_a_larger_patience_extends_it(stopped, tm
     longer = train_here(out, "--resume", "auto", "--early-stop-patience", "3")
     assert longer.returncode == 0, longer.stderr
     assert final_state(out).step == 12  # one more validation without a new best
+
+
+def test_a_resume_with_another_best_metric_counts_from_zero(stopped, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(stopped, out)
+    other = train_here(out, "--resume", "auto", "--best-metric", "mel_top1")
+    assert other.returncode == 0, other.stderr
+    assert "early stopping counts its validations from 0" in other.stderr
+    assert final_state(out).step > 9

@@ -95,6 +95,7 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                  run.progress.step)
         tlog.close()
         return EXIT_OK
+    run.progress.follow_best_metric(run.settings.best_metric)
     if run.progress.patience_spent(run.settings.early_stop_patience):
         log.info("nothing to do: the run stopped early at step %d after %d validations without a new best; pass a "
                  "larger --early-stop-patience to continue", run.progress.step, run.progress.stale_validations)

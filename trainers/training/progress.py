@@ -42,6 +42,13 @@ class TrainingProgress:
     def count_validation(self, improved: bool) -> None:
         self.stale_validations = 0 if improved else self.stale_validations + 1
 
+    def follow_best_metric(self, metric: str) -> None:
+        """A resume with another --best-metric: the validations counted without a new best were of the old one."""
+        if self.best is not None and self.best["metric"] != metric and self.stale_validations:
+            log.info("--best-metric is now %s (was %s): early stopping counts its validations from 0", metric,
+                     self.best["metric"])
+            self.stale_validations = 0
+
     def patience_spent(self, patience: int) -> bool:
         """Whether early stopping ends the run: `patience` validations in a row without a new best (0: never)."""
         return patience > 0 and self.stale_validations >= patience
