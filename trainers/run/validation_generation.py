@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from trainers.data.data_order import StepPlan
 from trainers.data.generation_samples import GenerationSamples, generation_samples
 from trainers.data.sample_table import SampleTable
-from trainers.faults import Faults
 from trainers.model.generation import generate_codes
 from trainers.run.sample_sets import SampleStore, new_set
 from trainers.training.generation_metrics import generation_metrics
@@ -71,9 +70,10 @@ class ValidationGeneration:
     def limit(self, ref_length: int) -> int:
         return min(self.highest, LIMIT_FACTOR * ref_length + LIMIT_SLACK)
 
-    def generate(self, run: Any, faults: Faults) -> tuple[list[torch.Tensor], list[bool]]:
-        """Each chosen sample's codes (cut at its limit) and whether it stopped within it, in chosen order."""
-        size, step = run.hardware.val_batch, run.progress.step
+    def generate(self, run: Any, after_batch: Callable[[int], None]) -> tuple[list[torch.Tensor], list[bool]]:
+        """Each chosen sample's codes (cut at its limit) and whether it stopped within it, in chosen order.
+        `after_batch(j)` after the j-th batch: the loop's fault point."""
+        size = run.hardware.val_batch
         model = getattr(run.model, "module", run.model)
         rows = list(self.chosen.indices)
         limits = [self.limit(n) for n in self.ref_lengths]
@@ -87,16 +87,16 @@ class ValidationGeneration:
             for c, s, lim in zip(out.codes, out.stopped, mine):
                 codes.append(c[:lim])
                 stopped.append(bool(s) and len(c) < lim)  # the stop code itself is the lim-th token at most
-            faults.at("generate", step, j)
+            after_batch(j)
         return codes, stopped
 
-    def run_at(self, run: Any, faults: Faults) -> dict[str, float]:
+    def run_at(self, run: Any, after_batch: Callable[[int], None]) -> dict[str, float]:
         """Generate (rank 0) and return the gen/* metrics, the same in every process."""
         keys = sorted(generation_metrics([[]] * len(self.ref_lengths), [False] * len(self.ref_lengths),
                                          [1] * len(self.ref_lengths), self.chosen.languages))
         if not run.world.is_main:
             return dict(zip(keys, run.world.share_from_main([0.0] * len(keys), "generation at validation")))
-        codes, stopped = self.generate(run, faults)
+        codes, stopped = self.generate(run, after_batch)
         self.pending = (codes, stopped)
         metrics = generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
         values = run.world.share_from_main([metrics[k] for k in keys], "generation at validation")
