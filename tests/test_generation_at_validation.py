@@ -50,6 +50,12 @@ def test_each_sampled_validation_has_its_set_and_gen_metrics_in_the_history(runs
     vals = [h for h in final_state(runs["on"]).history if h["kind"] == "val"]
     assert [h["step"] for h in vals] == [0, 3, 6]
     assert all(h["gen/stop_rate"] == read_step(runs["on"], h["step"]).metrics["gen/stop_rate"] for h in vals)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(runs["on"] / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("gen/stop_rate")] == [(h["step"], h["gen/stop_rate"])
+                                                                           for h in vals]
 
 
 def test_best_metrics_are_the_directed_generation_metrics():
