@@ -10,6 +10,8 @@ Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
   save:STEP:EVENT     during the checkpoint save of STEP, at a checkpoint file event
                       (tmp_written, renamed or linked)
   validation:STEP     when the validation after STEP optimizer steps begins
+  generate:STEP:J     after batch J (0-based) of the samples generated at the validation of STEP
+                      (--sample-interval), before their set is written
   exit                at interpreter shutdown (an atexit handler), where gloo's threads can abort a
                       process that lost a torchrun peer: e.g. rank0/SIGABRT@exit. Subprocesses only
 each optionally prefixed with a signal name, e.g. SIGTERM@micro:7:1 (default SIGKILL). SIGKILL is
@@ -49,7 +51,7 @@ ENV_VAR = "INDEXTTS_TRAIN_KILL_AT"
 
 
 MACHINE = "machine/"
-KILL_POINTS = ("setup", "micro", "step", "validation")  # the loop's points a kill may name (and save:, exit)
+KILL_POINTS = ("setup", "micro", "step", "validation", "generate")  # the loop's points a kill may name (and save:, exit)
 
 
 def for_this_process(spec: str) -> str | None:

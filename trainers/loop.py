@@ -18,7 +18,7 @@ from tqdm import tqdm
 from trainers import PROCESS_START
 from trainers.data.data_order import StepPlan
 from trainers.data.features import Batch
-from trainers.errors import EXIT_DIVERGED, TrainingDiverged
+from trainers.errors import EXIT_DIVERGED, EXIT_OK, TrainingDiverged
 from trainers.faults import Faults
 from trainers.hardware.cuda_alloc import fragmentation_advice
 from trainers.hardware.determinism import nondeterministic_or
@@ -63,6 +63,8 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if settings.val_interval and progress.step % settings.val_interval == 0 and not last:
                 evaluate(run, tlog, faults)
+                if progress.patience_spent(settings.early_stop_patience):
+                    return stop_early(run, tlog)
                 run.model.train()
             stopping = run.world.agree_to_stop(stop)
             if (progress.step % settings.save_interval == 0 and not last) or stopping:
@@ -75,6 +77,21 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                          run.cfg.run_dir)
                 return stop.exit_status
     return None
+
+
+def stop_early(run: Run, tlog: TrainLog) -> int:
+    """Early stopping after a validation: the final checkpoint (best.pth was written at the best), status 0."""
+    progress, settings = run.progress, run.settings
+    tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
+    tlog.write_steps()
+    run.checkpoints.save(progress.step)
+    run.checkpoints.wait()  # complete before the trainer says so, or exits
+    best = progress.best or {}
+    log.info("early stop at step %d: %d validations in a row without a better %s than %s at step %s "
+             "(--early-stop-patience %d); best.pth holds that step. To train on, resume with a larger "
+             "--early-stop-patience", progress.step, progress.stale_validations, settings.best_metric,
+             best.get("value"), best.get("step"), settings.early_stop_patience)
+    return EXIT_OK
 
 
 def train_step(run: Run, plan: StepPlan, batches: Iterator[Batch],
@@ -179,7 +196,7 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 
-def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | None:
+def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> dict[str, float] | None:
     """Validation on a fixed set of samples; on out-of-memory, again from the start with half the batch."""
     if run.val_loader is None:
         return None
@@ -195,7 +212,10 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
             bad = sorted(k for k, v in means.items() if not math.isfinite(v))
             if bad:
                 raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
-            keep_if_best(run, means)
+            generated = generate_samples(run, tlog, faults, final)
+            keep_if_best(run, {**means, **generated})
+            if generated:  # after best.pth, so the set of the best step is kept
+                run.generation.write(run.progress.step, generated, (run.progress.best or {}).get("step"))
             return means
         release_memory(run.hardware.device)
         run.hardware.halve_val_batch(error)
@@ -205,10 +225,26 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, float] | Non
         tlog.scalar("hardware/val_batch", val_batch, run.progress.step)
 
 
+def generate_samples(run: Run, tlog: TrainLog, faults: Faults, final: bool) -> dict[str, float]:
+    """--sample-interval: the chosen samples' codes at this validation, and their gen/* metrics ({} if none)."""
+    gen, step = run.generation, run.progress.step
+    if gen is None or not gen.due(step, final):
+        return {}
+    t0 = time.perf_counter()
+    metrics = gen.run_at(run, lambda j: faults.at("generate", step, j))
+    tlog.generation(step, metrics, time.perf_counter() - t0)
+    return metrics
+
+
 def keep_if_best(run: Run, means: dict[str, float]) -> None:
-    """best.pth: the checkpoint of the best validation so far (compared across resumes too)."""
+    """best.pth: the checkpoint of the best validation so far (compared across resumes too). A gen/* metric
+    is compared at the validations that generate only; the others count for nothing, early stopping included."""
     metric, progress = run.settings.best_metric, run.progress
-    if progress.improves(metric, means):
+    if metric not in means:
+        return
+    improved = progress.improves(metric, means)
+    progress.count_validation(improved)
+    if improved:
         progress.best = {"metric": metric, "value": means[metric], "step": progress.step}
         run.checkpoints.save_best(progress.step, metric, means[metric])
 

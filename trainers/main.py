@@ -95,6 +95,12 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                  run.progress.step)
         tlog.close()
         return EXIT_OK
+    run.progress.follow_best_metric(run.settings.best_metric)
+    if run.progress.patience_spent(run.settings.early_stop_patience):
+        log.info("nothing to do: the run stopped early at step %d after %d validations without a new best; pass a "
+                 "larger --early-stop-patience to continue", run.progress.step, run.progress.stale_validations)
+        tlog.close()
+        return EXIT_OK
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
                disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step
@@ -106,7 +112,7 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         if stopped is not None:
             return stopped
         tlog.flush_interval(run.progress.step, run.data.epoch, run.total_steps)
-        evaluate(run, tlog, faults)
+        evaluate(run, tlog, faults, final=True)
         run.checkpoints.save(run.progress.step)
         run.checkpoints.wait()  # the final save is complete before the trainer says so, or exits
         log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "

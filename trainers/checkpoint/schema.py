@@ -64,7 +64,8 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 # load_state_dict says what it does instead); checked like the required ones where present.
 _NUMBER = (float, int)
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "progress": {"interval": _DICT},  # the open log interval (trainers/training/train_log.py LogInterval)
+    "progress": {"interval": _DICT,  # the open log interval (trainers/training/train_log.py LogInterval)
+                 "stale_validations": _INT},  # validations since the best (early stopping)
 }
 # Nested fields checked where their field is present.
 NESTED_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {

@@ -121,6 +121,8 @@ BOUNDS: dict[str, Bound] = {
     "save_interval": _count(1),
     "keep_checkpoints": _count(),
     "log_interval": _count(1),
+    "early_stop_patience": _count(),
+    "sample_interval": _count(),
     "lora_rank": Bound(int, 0, MAX_LORA_RANK),
     "lora_alpha": _finite(0.0, low_open=True),
     "lora_dropout": _finite(0.0, 1.0, high_open=True),

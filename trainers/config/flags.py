@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from trainers.config.bounds import (
     BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
 )
-from trainers.config.settings import AMP_MODES, LORA_TARGET_PATHS, TrainConfig
+from trainers.config.settings import AMP_MODES, BEST_METRICS, LORA_TARGET_PATHS, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,15 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _plan_num(rt, "--dist-timeout", "SECONDS", "under torchrun: how long a process waits for the others in a "
               "collective before it stops with exit 6 (this launch only; the variable INDEXTTS_DDP_TIMEOUT_S "
               "sets it when the flag is not given)", "1800")
-    rt.add_argument("--best-metric", choices=("mel_loss", "text_loss", "mel_top1"),
-                    help=f"validation metric whose best value is kept as OUTPUT_DIR/best.pth [{d.best_metric}]")
+    rt.add_argument("--best-metric", choices=BEST_METRICS,
+                    help=f"validation metric whose best value is kept as OUTPUT_DIR/best.pth; a gen/* metric needs "
+                         f"--sample-interval [{d.best_metric}]")
+    _num(rt, "--sample-interval", d.sample_interval,
+         "generate mel codes for a few validation samples per language at the validations of steps divisible by N, "
+         "with gen/* metrics and OUTPUT_DIR/samples/ (0: off)")
+    _num(rt, "--early-stop-patience", d.early_stop_patience,
+         "end training (status 0, final checkpoint saved) after N validations in a row without a new best "
+         "--best-metric (0: off); a resume may raise it to continue")
     rt.add_argument("--log-sample-ids", action="store_true",
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
 

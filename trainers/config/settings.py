@@ -81,6 +81,10 @@ class TrainConfig:
     log_interval: int = 10
     log_sample_ids: bool = False
     best_metric: str = "mel_loss"  # the validation metric best.pth is kept for: mel_loss, text_loss or mel_top1
+    early_stop_patience: int = 0  # end training after this many validations without a new best (0: off)
+    # Generate the chosen validation samples at validations of steps divisible by this (0: off). Off by default:
+    # on the CPU the official model takes minutes per 4 samples (docs/architecture.md, "Generation").
+    sample_interval: int = 0
     demo: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +113,11 @@ LORA_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
 BASE_FINGERPRINT = "base_checkpoint_sha256"
 
 AMP_MODES = ("auto", "bf16", "fp16", "off")
+# What --best-metric may name: the validation losses and accuracy, and the gen/* metrics with a direction
+# (trainers/training/generation_metrics.py owns which way each is better; tests/test_generation_at_validation.py
+# checks this list against it, here free of its numpy import).
+BEST_METRICS = ("mel_loss", "text_loss", "mel_top1", "gen/stop_rate", "gen/length_error_median",
+                "gen/longest_run_median", "gen/repeated_ngram_share")
 
 # Settings a saved run lacks because it was written before they existed, with the value
 # that run actually trained with (never today's default, which may differ).
@@ -121,6 +130,8 @@ LEGACY_VALUES: dict[str, Any] = {
     "lora_alpha": None,
     "lora_targets": tuple(LORA_TARGET_PATHS),
     "lora_dropout": 0.0,
+    "early_stop_patience": 0,  # before early stopping: never
+    "sample_interval": 0,  # before generation at validation: none
 }
 
 
@@ -175,7 +186,7 @@ HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "va
 FREE_KEYS = (
     *HARDWARE_KEYS, "epochs", "max_steps", "amp", "tf32", "grad_checkpointing", "deterministic", "val_interval",
     "max_val_batches", "save_interval", "keep_checkpoints", "background_saves", "log_interval", "log_sample_ids",
-    "best_metric",
+    "best_metric", "early_stop_patience", "sample_interval",
     "val_manifests",
     "output_dir", "base_checkpoint", "config",
     "train_manifests", "tokenizer",  # compared through fingerprints instead of paths

@@ -273,6 +273,9 @@ def check_values(cfg: TrainConfig) -> None:
     if unknown or not cfg.lora_targets:
         problems.append(f"--lora-targets must name projections from {', '.join(LORA_TARGET_PATHS)}, got "
                         f"{','.join(cfg.lora_targets)!r}")
+    if cfg.best_metric.startswith("gen/") and not cfg.sample_interval:
+        problems.append(f"--best-metric {cfg.best_metric} is a generation metric: pass --sample-interval N too "
+                        "(generation at validation is off)")
     if cfg.amp not in AMP_MODES:
         problems.append(f"--amp must be one of {', '.join(AMP_MODES)}, got {cfg.amp!r}")
     if problems:

@@ -30,6 +30,7 @@ from trainers.run.lock import RunLock
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.schedule import plan_schedule
+from trainers.run.validation_generation import ValidationGeneration
 from trainers.run.run_dir import (
     locate_run, read_saved_run, refuse_another_runs_checkpoint, warn_new_run, write_start_files,
 )
@@ -60,6 +61,7 @@ class Run:
     total_steps: int  # where this invocation stops: --max-steps or the end of --epochs, whichever is first
     lock: RunLock | NoLock
     world: World = field(default_factory=World)  # the processes of a torchrun job; one without torchrun
+    generation: ValidationGeneration | None = None  # --sample-interval: samples generated at validations
 
     @property
     def model(self) -> torch.nn.Module:
@@ -108,6 +110,7 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
         # Under torchrun the other processes of this machine start their loader processes too.
         workers = run.hardware.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
         run.checkpoints.fit_to_host_memory(workers * world.local_size, world.local_size)
+        run.generation = ValidationGeneration.for_run(run)
     except BaseException:
         run.close()
         raise

@@ -327,6 +327,12 @@ class World:
         width = len(StepMetrics().as_list())
         return {lang: StepMetrics.from_list(sums[1 + i * width: 1 + (i + 1) * width]) for i, lang in enumerate(langs)}, None
 
+    def share_from_main(self, values: Sequence[float], what: str) -> list[float]:
+        """Rank 0's numbers in every process (the others pass placeholders of the same length); they wait here."""
+        if not self.distributed:
+            return list(values)
+        return self._reduce([float(v) if self.is_main else 0.0 for v in values], None, what)
+
     # --- collectives ------------------------------------------------------------------------
 
     def _reduce(self, values: Sequence[float], op: Any, what: str) -> list[float]:

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainers.training.generation_metrics import HIGHER_IS_BETTER as GEN_HIGHER_IS_BETTER
 from trainers.training.train_log import LogInterval
 
 log = logging.getLogger("train")
 
-HIGHER_IS_BETTER = {"mel_top1"}  # every other --best-metric is a loss
+HIGHER_IS_BETTER = {"mel_top1", *GEN_HIGHER_IS_BETTER}  # every other --best-metric is a loss or lower-is-better
 
 
 @dataclass
@@ -27,6 +28,9 @@ class TrainingProgress:
     # The steps after the last "train" entry, summed (the run's TrainLog adds to it): saved, so the entry a
     # resumed run logs at the end of the interval covers the steps before the interruption too.
     interval: LogInterval = field(default_factory=LogInterval)
+    # Validations in a row that did not beat the best (--early-stop-patience counts them): saved, so a
+    # resumed run stops where the uninterrupted one does.
+    stale_validations: int = 0
 
     def improves(self, metric: str, means: dict[str, float]) -> bool:
         """Whether this validation beats the best one (a best of another metric is compared no more)."""
@@ -34,6 +38,20 @@ class TrainingProgress:
             return True
         value = means[metric]
         return value > self.best["value"] if metric in HIGHER_IS_BETTER else value < self.best["value"]
+
+    def count_validation(self, improved: bool) -> None:
+        self.stale_validations = 0 if improved else self.stale_validations + 1
+
+    def follow_best_metric(self, metric: str) -> None:
+        """A resume with another --best-metric: the validations counted without a new best were of the old one."""
+        if self.best is not None and self.best["metric"] != metric and self.stale_validations:
+            log.info("--best-metric is now %s (was %s): early stopping counts its validations from 0", metric,
+                     self.best["metric"])
+            self.stale_validations = 0
+
+    def patience_spent(self, patience: int) -> bool:
+        """Whether early stopping ends the run: `patience` validations in a row without a new best (0: never)."""
+        return patience > 0 and self.stale_validations >= patience
 
     def record_start(self, resumed_from: Path | None, machine: str, changes: list[str]) -> None:
         self.history.append({"kind": "resume" if resumed_from else "start", "step": self.step,
@@ -46,13 +64,15 @@ class TrainingProgress:
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "samples_seen": self.samples_seen, "history": list(self.history),
-                "best": dict(self.best) if self.best else None, "interval": self.interval.state_dict()}
+                "best": dict(self.best) if self.best else None, "interval": self.interval.state_dict(),
+                "stale_validations": self.stale_validations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.samples_seen = int(state["samples_seen"])
         self.history = list(state["history"])
         self.best = state.get("best")  # absent in files written before best.pth existed
+        self.stale_validations = int(state.get("stale_validations", 0))  # absent before early stopping: 0
         if state.get("interval") is not None:
             self.interval.load_state_dict(state["interval"])
         else:

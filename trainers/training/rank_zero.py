@@ -141,6 +141,9 @@ class QuietLog:
     def scalar(self, *args: Any) -> None:
         pass
 
+    def generation(self, *args: Any) -> None:
+        pass
+
     def sample_ids(self, *args: Any) -> None:
         pass
 

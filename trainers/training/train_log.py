@@ -238,6 +238,22 @@ class TrainLog:
         return means
 
     @_io_errors_stop_the_run
+    def generation(self, step: int, metrics: dict[str, float], seconds: float) -> None:
+        """The gen/* metrics of this step's generated samples: TensorBoard, a log line, the validation's history entry."""
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        log.info("generation step %d stop_rate %.3f length_ratio_median %.3f length_error_median %.3f "
+                 "longest_run_median %.1f samples %d seconds %.2f", step, metrics["gen/stop_rate"],
+                 metrics["gen/length_ratio_median"], metrics["gen/length_error_median"],
+                 metrics["gen/longest_run_median"], metrics["gen/samples"], seconds)
+        entry = self.history[-1] if self.history and self.history[-1].get("kind") == "val" else None
+        if entry is not None and entry["step"] == step:
+            entry.update(metrics)
+        else:
+            self.history.append({"kind": "val", "step": step, **metrics})
+        self.writer.flush()
+
+    @_io_errors_stop_the_run
     def scalar(self, name: str, value: float, step: int) -> None:
         self.writer.add_scalar(name, value, step)
         self.writer.flush()

@@ -1,0 +1,71 @@
+"""--early-stop-patience: where a run stops, that a kill and resume stops at the same step bit-identically,
+and that a resume respects the stop or extends it."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.demo_runs import final_state, train, train_here
+from tests.test_best_checkpoint import FLAGS, OVERSHOOTING, validations
+from trainers.checkpoint import schema
+
+# On the demo the overshooting rate gives the best validation at step 3 and worse ones at 6 and 9, so a
+# patience of 2 ends the run at step 9 of the 15 planned.
+PLAN = [*FLAGS, *OVERSHOOTING, "--max-steps", "15", "--early-stop-patience", "2"]
+
+
+@pytest.fixture(scope="module")
+def stopped(demo_assets, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("early") / "run"
+    done = train_here(out, *demo_assets, *PLAN)
+    assert done.returncode == 0, done.stderr
+    (out.parent / "stderr.txt").write_text(done.stderr)
+    return out
+
+
+def test_the_run_stops_after_patience_validations_without_a_new_best(stopped):
+    vals = validations(stopped)
+    assert sorted(vals) == [0, 3, 6, 9] and vals[6] > vals[3] and vals[9] > vals[3]
+    state = final_state(stopped)
+    assert state.step == 9 and schema.read(stopped / "best.pth").step == 3
+    assert state.sections["progress"]["stale_validations"] == 2
+    log = (stopped.parent / "stderr.txt").read_text()
+    assert "early stop at step 9: 2 validations in a row without a better mel_loss" in log
+
+
+def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identically(stopped, demo_assets, tmp_path):
+    out = tmp_path / "run"
+    killed = train(out, *demo_assets, *PLAN, kill_at="validation:9")
+    assert killed.returncode != 0 and final_state(out).step == 6  # the last save before the kill
+    resumed = train(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    ours, theirs = final_state(out), final_state(stopped)
+    assert ours.step == theirs.step == 9
+    for key, value in theirs.model.items():
+        assert torch.equal(ours.model[key], value), key
+    assert (out / "best.pth").exists() and schema.read(out / "best.pth").step == 3
+
+
+def test_a_resume_respects_the_stop_and_a_larger_patience_extends_it(stopped, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(stopped, out)
+    before = (out / "latest.pth").read_bytes()
+    again = train_here(out, "--resume", "auto")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to do: the run stopped early at step 9" in again.stderr
+    assert (out / "latest.pth").read_bytes() == before
+    longer = train_here(out, "--resume", "auto", "--early-stop-patience", "3")
+    assert longer.returncode == 0, longer.stderr
+    assert final_state(out).step == 12  # one more validation without a new best
+
+
+def test_a_resume_with_another_best_metric_counts_from_zero(stopped, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(stopped, out)
+    other = train_here(out, "--resume", "auto", "--best-metric", "mel_top1")
+    assert other.returncode == 0, other.stderr
+    assert "early stopping counts its validations from 0" in other.stderr
+    assert final_state(out).step > 9

@@ -1,0 +1,102 @@
+"""--sample-interval: samples generated at validation, their gen/* metrics and sets, a gen/* --best-metric;
+training ends bit-identical with and without it, and a SIGKILL mid-generation resumes bit-identically."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.demo_runs import final_state, train, train_here
+from trainers.checkpoint import schema
+from trainers.config.settings import BEST_METRICS
+from trainers.run.sample_sets import list_sets, read_step
+from trainers.training.generation_metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
+
+FLAGS = ["--batch-size", "16", "--val-interval", "3", "--max-val-batches", "1", "--save-interval", "3",
+         "--log-interval", "100", "--max-steps", "6"]
+SAMPLING = ["--sample-interval", "3"]
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = final_state(a), final_state(b)
+    assert sa.step == sb.step
+    for key, value in sa.model.items():
+        assert torch.equal(sb.model[key], value), key
+
+
+@pytest.fixture(scope="module")
+def runs(demo_assets, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gen")
+    out = {"on": root / "on", "off": root / "off"}
+    for name, extra in (("on", SAMPLING), ("off", [])):
+        done = train_here(out[name], *demo_assets, *FLAGS, *extra)
+        assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_training_with_and_without_generation_ends_bit_identical(runs):
+    assert_same_weights(runs["on"], runs["off"])
+    on, off = final_state(runs["on"]).sections["rng"], final_state(runs["off"]).sections["rng"]
+    for key in ("torch", "numpy", "python"):  # generating drew nothing from the random state training goes on with
+        assert repr(on[key]) == repr(off[key]), key
+    assert not (runs["off"] / "samples").exists()
+
+
+def test_each_sampled_validation_has_its_set_and_gen_metrics_in_the_history(runs):
+    assert sorted(list_sets(runs["on"])) == [0, 3, 6]
+    sets = read_step(runs["on"], 3)
+    assert len(sets.ids) == len(sets.codes) >= 1 and sets.settings["search"] == "greedy"
+    vals = [h for h in final_state(runs["on"]).history if h["kind"] == "val"]
+    assert [h["step"] for h in vals] == [0, 3, 6]
+    assert all(h["gen/stop_rate"] == read_step(runs["on"], h["step"]).metrics["gen/stop_rate"] for h in vals)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(runs["on"] / "logs"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("gen/stop_rate")] == [(h["step"], h["gen/stop_rate"])
+                                                                           for h in vals]
+
+
+def test_best_metrics_are_the_directed_generation_metrics():
+    assert set(m for m in BEST_METRICS if m.startswith("gen/")) == set(HIGHER_IS_BETTER | LOWER_IS_BETTER)
+
+
+def test_a_gen_best_metric_keeps_best_pth_by_it_and_needs_sampling(demo_assets, tmp_path):
+    refused = train_here(tmp_path / "no", *demo_assets, *FLAGS, "--best-metric", "gen/length_error_median")
+    assert refused.returncode == 2 and "pass --sample-interval N too" in refused.stderr
+    out = tmp_path / "run"
+    done = train_here(out, *demo_assets, *FLAGS, *SAMPLING, "--best-metric", "gen/length_error_median")
+    assert done.returncode == 0, done.stderr
+    errors = {s: read_step(out, s).metrics["gen/length_error_median"] for s in list_sets(out)}
+    best = schema.read(out / "best.pth").best
+    assert best["metric"] == "gen/length_error_median" and best["value"] == min(errors.values())
+
+
+def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(runs, demo_assets, tmp_path):
+    out = tmp_path / "run"
+    killed = train(out, *demo_assets, *FLAGS, *SAMPLING, kill_at="generate:6:0")
+    assert killed.returncode != 0 and sorted(list_sets(out)) == [0, 3]  # step 6's set: absent, not partial
+    assert not [p for p in (out / "samples").iterdir() if p.name.startswith(".")]
+    resumed = train(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_weights(out, runs["on"])
+    ours, theirs = read_step(out, 6), read_step(runs["on"], 6)
+    assert ours.ids == theirs.ids and all(map(torch.equal, map(torch.from_numpy, ours.codes),
+                                              map(torch.from_numpy, theirs.codes)))
+
+
+def test_under_torchrun_rank_0_generates_and_both_processes_stop_early_alike(demo_assets, tmp_path):
+    """Rank 1 generates nothing but gets rank 0's metrics, so it stops early at the same validation (on the
+    demo the generated length moves away from the reference's from step 0 to 3: patience 1 stops at 3)."""
+    from tests.test_ddp_runs import torchrun
+
+    out = tmp_path / "run"
+    done = torchrun(out, *demo_assets, *FLAGS, *SAMPLING, "--best-metric", "gen/length_error_median",
+                    "--early-stop-patience", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "early stop at step 3" in done.stderr and final_state(out).step == 3
+    assert sorted(list_sets(out)) == [0, 3]
+    assert done.stderr.count("generation step 3 stop_rate") == 1  # rank 0's line only
+    errors = {s: read_step(out, s).metrics["gen/length_error_median"] for s in list_sets(out)}
+    assert errors[3] > errors[0] and schema.read(out / "best.pth").best["value"] == errors[0]
