@@ -85,7 +85,7 @@ import tempfile
 import time
 import traceback
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -116,12 +116,14 @@ class Plan:
     val_every: int
     accumulation: int = 2
     keep: int = 3
+    lora_rank: int = 0  # > 0: every run trains LoRA adapters of this rank (with adapter dropout) instead
 
     def flags(self) -> list[str]:
+        lora = ["--lora-rank", str(self.lora_rank), "--lora-dropout", "0.1"] if self.lora_rank else []
         return ["--batch-size", "8", "--grad-accumulation", str(self.accumulation), "--max-steps", str(self.steps),
                 "--save-interval", str(self.save_every), "--val-interval", str(self.val_every),
                 "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1",
-                "--keep-checkpoints", str(self.keep), "--log-interval", "10"]
+                "--keep-checkpoints", str(self.keep), "--log-interval", "10", *lora]
 
     def saves(self) -> list[int]:
         return [n for n in range(self.save_every, self.steps, self.save_every)] + [self.steps]
@@ -1563,6 +1565,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"a {QUICK.steps}-step run instead of {FULL.steps}, a few corruption and input cases")
     p.add_argument("--smoke", action="store_true", help=f"a {SMOKE.steps}-step run, every part once: checks the "
                    "script runs (seconds, for the test suite)")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train LoRA adapters of this rank in every run (the kills, signals and corruptions of a LoRA "
+                        "run) [0: full fine-tuning]")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} [all]")
     p.add_argument("--work-dir", type=Path,
                    help="make the campaign's folder under DIR and keep it (default: a temporary one, deleted)")
@@ -1588,7 +1593,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)  # as the trainer subprocesses: in-process resumes compute the same floats
-    plan = SMOKE if args.smoke else QUICK if args.quick else FULL
+    plan = replace(SMOKE if args.smoke else QUICK if args.quick else FULL, lora_rank=args.lora_rank)
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"reliability_campaign-seed{args.seed}-", dir=args.work_dir))
@@ -1596,7 +1601,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     print(f"machine: {machine()}")
     print(f"campaign: seed {args.seed}, parts {', '.join(args.parts)}; demo run of {plan.steps} steps, a checkpoint "
-          f"every {plan.save_every}, validation every {plan.val_every}, {plan.accumulation} micro-batches per step; "
+          f"every {plan.save_every}, validation every {plan.val_every}, {plan.accumulation} micro-batches per step"
+          f"{f', LoRA rank {plan.lora_rank}' if plan.lora_rank else ''}; "
           f"work directory {work}", flush=True)
     campaign = Campaign(work, args.seed, plan, [], args.quick, args.smoke)
     try:
