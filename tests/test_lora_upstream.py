@@ -19,9 +19,9 @@ upstream = pytest.importorskip(
     reason="upstream IndexTTS2 is not installed: git clone https://github.com/index-tts/index-tts and "
            "pip install -e it (it pins transformers 4.52.1) to load the merged export into its UnifiedVoice")
 
-# Small conformer/perceiver sizes, so the base holds upstream's conditioning encoders at little cost.
-ENCODER = {"output_size": 16, "linear_units": 32, "attention_heads": 2, "num_blocks": 1, "input_layer": "conv2d2",
-           "perceiver_mult": 2}
+# Small conformer/perceiver sizes (the parity test's), so the base holds upstream's conditioning encoders at
+# little cost.
+from tests.test_generation_parity import ENCODER  # noqa: E402  (after the skip: that module needs upstream too)
 
 
 def upstream_model(gpt: dict) -> torch.nn.Module:
