@@ -147,3 +147,20 @@ def test_the_trainer_does_not_import_matplotlib():
     users = [str(p) for p in root.rglob("*.py") if "matplotlib" in p.read_text(encoding="utf-8")
              and (root / "tools") not in p.parents]
     assert users == []
+
+
+def test_a_run_that_generated_at_validation_gets_the_generation_panels(demo_assets: list[str], tmp_path: Path):
+    out = tmp_path / "gen"
+    done = train_here(out, *demo_assets, "--max-steps", "4", "--val-interval", "2", "--sample-interval", "2",
+                      "--save-interval", "4", "--log-interval", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = load_run(out)
+    label_runs([run])
+    panels = {ax.get_title(): ax for ax in build_figure([run]).axes}
+    gen = {"generation: stop rate": "gen/stop_rate", "generation: length / reference, median": "gen/length_ratio_median"}
+    assert set(panels) == {*LOSS_PANELS, "learning rate", *gen}
+    history = schema.read(out / "latest.pth").history
+    for title, key in gen.items():
+        logged = [(e["step"], e[key]) for e in history if e.get("kind") == "val" and key in e]
+        line = lines_by_gid(panels[title])["val:gen"][0]
+        assert logged and list(zip(line.get_xdata(), line.get_ydata())) == logged, title

@@ -2,7 +2,9 @@
 
     python tools/plot_runs.py runs/my_voice [runs/other ...] --out runs.png
 
-Four panels (text loss, mel loss, mel top-1 accuracy, learning rate), one colour per run:
+Four panels (text loss, mel loss, mel top-1 accuracy, learning rate), and two more where a run generated
+at validation (--sample-interval: the share of samples that stopped, generated / reference length), one
+colour per run:
 training values solid, validation values dashed with dots, a dotted vertical line at each step
 where the run was resumed and a dash-dot one at the step of its best.pth (if it has one).
 
@@ -43,6 +45,11 @@ PANELS = (
     ("mel_loss", "mel loss", True),
     ("mel_top1", "mel top-1 accuracy", True),
     ("lr", "learning rate", False),
+)
+# Shown only when a run generated at validation (--sample-interval): what the model does when it speaks alone.
+GEN_PANELS = (
+    ("gen/stop_rate", "generation: stop rate", True),
+    ("gen/length_ratio_median", "generation: length / reference, median", True),
 )
 TRAIN_STYLE = {"linestyle": "-", "linewidth": 1.4}
 VAL_STYLE = {"linestyle": "--", "linewidth": 1.4, "marker": "o", "markersize": 3.5}
@@ -91,7 +98,7 @@ def history_series(history: list[Any]) -> tuple[dict[str, Points], dict[str, Poi
         if kind == "resume":
             resumes.append(step)
         elif kind in by_kind:
-            for key, _, has_val in PANELS:
+            for key, _, has_val in PANELS + GEN_PANELS:
                 value = _value(entry.get(key))
                 if value is not None and (kind == "train" or has_val):
                     by_kind[kind].setdefault(key, {})[step] = value
@@ -141,11 +148,13 @@ def run_colours(n: int) -> list[Any]:
 def build_figure(runs: list[RunHistory]) -> Figure:
     """The figure for `runs`: one axes per panel; data lines and marker lines carry a gid naming
     what they show ("train:LABEL", "val:LABEL", "resume:LABEL", "best:LABEL"), for tests and readers."""
-    fig = Figure(figsize=(13, 8.5), layout="constrained")
+    generated = any(run.val.get(key) for run in runs for key, _, _ in GEN_PANELS)
+    panels = PANELS + GEN_PANELS if generated else PANELS
+    fig = Figure(figsize=(13, 4.25 * len(panels) // 2), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 2, sharex=True).flatten()
+    axes = fig.subplots(len(panels) // 2, 2, sharex=True).flatten()
     colours = run_colours(len(runs))
-    for ax, (key, title, _) in zip(axes, PANELS):
+    for ax, (key, title, _) in zip(axes, panels):
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         drawn = False
@@ -164,7 +173,7 @@ def build_figure(runs: list[RunHistory]) -> Figure:
             ax.text(0.5, 0.5, "no values logged", transform=ax.transAxes, ha="center", va="center", color="grey")
         if key == "lr":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    for ax in axes[2:]:
+    for ax in axes[-2:]:
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles = [Line2D([], [], color=c, linewidth=3, label=r.label) for r, c in zip(runs, colours)]
