@@ -104,3 +104,18 @@ def test_a_file_that_is_not_an_adapter_file_is_refused(tmp_path, capsys, content
     captured = capsys.readouterr()
     assert f"--adapter {bad}: " in captured.err and reason in captured.err, captured.err
     assert "this payload ran" not in captured.out and not out.exists()
+
+
+def test_a_base_saved_under_ddp_names_merges_like_the_plain_one(tmp_path, capsys):
+    """A gpt.pth saved from a DDP-wrapped model has every key as "module.<name>"; the trainer accepts it as a
+    --base-checkpoint, so the merge command (and the export, through the same AdapterFile.merged) does too."""
+    _, base, adapter = trained_run(tmp_path)
+    state = torch.load(base, weights_only=True)["model"]
+    ddp_base = tmp_path / "ddp_gpt.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in state.items()}}, ddp_base)
+    plain, ddp = tmp_path / "plain.pth", tmp_path / "ddp.pth"
+    assert main(["--adapter", str(adapter), "--base", str(base), "--out", str(plain)]) == 0
+    assert main(["--adapter", str(adapter), "--base", str(ddp_base), "--out", str(ddp),
+                 "--allow-other-base"]) == 0, capsys.readouterr().err
+    want, got = (torch.load(p, weights_only=True)["model"] for p in (plain, ddp))
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

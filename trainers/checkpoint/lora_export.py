@@ -16,7 +16,7 @@ from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.model.lora import LoraSettings, is_adapter_key
 from trainers.model.lora_file import AdapterFile
-from trainers.model.weights import read_state_dict, strip_module_prefix
+from trainers.model.weights import read_state_dict
 
 ADAPTER_NAME = "lora_adapter.pth"
 
@@ -43,7 +43,7 @@ def merged_state(ckpt: schema.Checkpoint, path: Path, base: Path | None) -> dict
     if sha != adapter.base_sha256:
         raise UserError(f"{path} is a LoRA checkpoint trained on {adapter.base_path} (sha256 {adapter.base_sha256[:16]}"
                         f"...), but {where} has sha256 {sha[:16]}...: pass --base with the file the run was trained on")
-    state, _ = strip_module_prefix(read_state_dict(base_path, flag="--base"))
+    state = read_state_dict(base_path, flag="--base")
     try:
         return adapter.merged(state)
     except ValueError as exc:

@@ -12,6 +12,7 @@ Tensors and primitives only, so it loads with torch.load(weights_only=True), lik
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 
 from trainers.errors import UserError
 from trainers.model.lora import LoraSettings, is_adapter_key, merge_adapters
+from trainers.model.weights import strip_module_prefix
 from trainers.torch_files import CheckpointError, atomic_torch_save, load_checkpoint
 
 FORMAT = "indextts2-lora-adapter/1"
@@ -41,8 +43,10 @@ class AdapterFile:
     def save(self, path: Path) -> None:
         atomic_torch_save(self.to_dict(), Path(path))
 
-    def merged(self, base_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The base with the adapters folded in and the replaced tensors in place, in the base's layout."""
+    def merged(self, base_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The base with the adapters folded in and the replaced tensors in place, in the base's layout (a DDP
+        "module." prefix on the base's names dropped, as the trainer drops it from a --base-checkpoint)."""
+        base_state, _ = strip_module_prefix(base_state)
         unknown = sorted(k for k in self.replaced if k not in base_state)
         if unknown:
             raise UserError(f"the adapter file replaces tensors the base does not have: {', '.join(unknown[:5])}")

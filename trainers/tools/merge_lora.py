@@ -36,7 +36,7 @@ def merge(adapter: Path, base: Path, out: Path, allow_other_base: bool = False) 
                         f"({lora.base_path}, sha256 {lora.base_sha256[:16]}...); pass that file, or "
                         "--allow-other-base if this one holds the same weights")
     try:
-        merged = lora.merged(dict(state))
+        merged = lora.merged(state)
     except ValueError as exc:
         raise UserError(f"--adapter {adapter} does not fit --base {base}: {exc}") from None
     wrapped = "model" in load_checkpoint(base, mmap=True)
