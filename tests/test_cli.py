@@ -150,3 +150,18 @@ def test_a_stop_signal_during_the_imports_ends_the_start_up_quietly(tmp_path, si
     assert f"stopped by {name} during start-up: nothing was trained" in done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_stop_signals_after_the_exit_status_is_decided_change_nothing(demo_assets, tmp_path, signal_name):
+    """Two stop signals as the finished trainer shuts down (its atexit handlers: the fault point `exit`): the
+    status stays 0. A Python handler would take the second as "stop at once" (or, once the interpreter has
+    reset its handlers, die of it: -2 after a saved Ctrl-C stop); the trainer ignores them from the moment it
+    exits."""
+    from tests.demo_runs import train
+
+    point = f"{signal_name}@exit"
+    done = train(tmp_path / "run", *demo_assets, "--max-steps", "1", "--val-interval", "0",
+                 kill_at=f"{point},{point}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training finished at step 1" in done.stderr

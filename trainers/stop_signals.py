@@ -102,6 +102,7 @@ class StopRequest:
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:
     """For data-loading workers: a terminal's Ctrl-C reaches the whole process group, and the
-    main process alone decides when to stop (it shuts its workers down itself)."""
+    main process alone decides when to stop (it shuts its workers down itself). For the trainer
+    once its exit status is decided (trainers/training/process_exit.py)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
