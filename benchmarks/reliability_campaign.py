@@ -26,8 +26,9 @@ Parts:
                sample_ids.tsv.
   signals      --signals trials: SIGTERM, SIGINT or SIGHUP (sometimes twice) at a random instant.
                Expected: exit 128+N (the kernel's default, reported as -N, is accepted too before
-               start-up finished, when nothing was trained, and after the trainer said training
-               finished, when the interpreter's exit has restored the default handlers), a
+               start-up finished, when nothing was trained; never once the trainer is exiting, which
+               ignores stop signals), or 0 when it finished before the signal (or had logged its last
+               step: only the final validation, save and exit were left), a
                checkpoint at the step the trainer says it stopped at, then an exact resume. A run
                that goes on for more than 0.5 s after the signal and ends with 0 lost the signal.
   corruptions  A finished reference run is copied and its newest checkpoint damaged (flipped
@@ -152,6 +153,7 @@ class Outcome:
     stderr: str
     attack: str = ""  # what was done to it: "SIGKILL@step:7", "SIGKILL after 3.2 s", ...
     sent: list[float] = field(default_factory=list)  # seconds after start at which a signal was actually sent
+    said: list[str] = field(default_factory=list)  # what the trainer had logged when each signal was sent
 
     def tail(self, lines: int = 12) -> str:
         return "\n".join(self.stderr.splitlines()[-lines:])
@@ -209,7 +211,8 @@ def run_subprocess(out: Path, args: list[str], log: Path, kill_at: str | None = 
     with open(log, "w", encoding="utf-8") as err:
         proc = subprocess.Popen(argv, cwd=REPO, env=child_env(kill_at), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err)
-        sent = []
+        sent: list[float] = []
+        said: list[str] = []
         for at, signum in signals or []:
             try:
                 proc.wait(timeout=max(0.0, at - (time.monotonic() - t0)))
@@ -217,13 +220,14 @@ def run_subprocess(out: Path, args: list[str], log: Path, kill_at: str | None = 
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signum)
                 sent.append(time.monotonic() - t0)
+                said.append(log.read_text(encoding="utf-8", errors="replace"))
         try:
             status = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             status = proc.wait()
     return Outcome(argv[2:], status, time.monotonic() - t0, log.read_text(encoding="utf-8", errors="replace"),
-                   sent=sent)
+                   sent=sent, said=said)
 
 
 def run_in_process(args: list[str]) -> Outcome:
@@ -534,7 +538,8 @@ class Campaign:
         trained = "first optimizer step finished" in first.stderr
         if "Traceback" in first.stderr:
             problems.append(f"a traceback after {name}:\n{first.tail()}")
-        if first.status == 0 and first.sent and first.seconds - first.sent[0] > 0.5:
+        last_step_done = bool(first.said) and f"step {self.plan.steps}/{self.plan.steps} " in first.said[0]
+        if first.status == 0 and first.sent and first.seconds - first.sent[0] > 0.5 and not last_step_done:
             # Not a race with the exit: it went on for a while after the signal, then ended as if none came.
             verdict_note = "ignored the signal"
             problems.append(f"the {name} sent {first.sent[0]:.2f} s after start was lost: the run went on for "
@@ -554,9 +559,6 @@ class Campaign:
                 problems.append(f"status {expected} without saying where it stopped:\n{first.tail()}")
         elif first.status == -signum and not trained:
             verdict_note = "stopped before start-up finished (kernel default)"
-        elif first.status == -signum and "training finished" in first.stderr:
-            # After main() returned the interpreter's exit restores the default handlers: the run was complete.
-            verdict_note = "finished before the signal (it came during the interpreter's exit)"
         else:
             verdict_note = "wrong status"
             problems.append(f"{name}: exit status {first.status}, expected {expected}: {first.gist()}\n{first.tail()}")
