@@ -157,6 +157,29 @@ def test_sampling_is_a_function_of_the_generator_and_leaves_the_global_rng_alone
     assert [c.tolist() for c in top1.codes] == [c.tolist() for c in greedy.codes]
 
 
+def test_a_generator_per_text_gives_each_sample_its_sampled_codes_alone():
+    """With one generator per text a sample's draws do not depend on its batch-mates (as at validation, where
+    the batch size and the number of processes vary); with one shared generator they do."""
+    m, batch = model(stop_bias=-2.0), texts()
+    sampling = Sampling(temperature=2.0, top_k=8)
+
+    def own(seeds: list[int]) -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    together = generate_codes(m, **batch, max_codes=MAX_CODES, sampling=sampling, generator=own([10, 11, 12, 13]))
+    for i in range(len(TEXT_LENS)):
+        alone = generate_codes(m, **rows(batch, i), max_codes=MAX_CODES, sampling=sampling, generator=own([10 + i]))
+        assert tokens(alone, 0) == tokens(together, i), i
+    shared = generate_codes(m, **batch, max_codes=MAX_CODES, sampling=sampling,
+                            generator=torch.Generator().manual_seed(10))
+    first = generate_codes(m, **rows(batch, 0), max_codes=MAX_CODES, sampling=sampling,
+                           generator=torch.Generator().manual_seed(10))
+    assert tokens(first, 0)[0] == tokens(shared, 0)[0]  # row 0 draws first from the shared generator, then
+    assert tokens(first, 0) != tokens(shared, 0)  # its later draws come after its batch-mates'
+    with pytest.raises(ValueError, match="one per text"):
+        generate_codes(m, **batch, max_codes=4, sampling=sampling, generator=own([1, 2]))
+
+
 def test_sampling_without_a_generator_is_refused():
     with pytest.raises(ValueError, match="needs a torch.Generator"):
         generate_codes(model(), **texts(), max_codes=4, sampling=Sampling())

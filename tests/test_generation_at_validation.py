@@ -16,6 +16,7 @@ from trainers.training.generation_metrics import HIGHER_IS_BETTER, LOWER_IS_BETT
 FLAGS = ["--batch-size", "16", "--val-interval", "3", "--max-val-batches", "1", "--save-interval", "3",
          "--log-interval", "100", "--max-steps", "6"]
 SAMPLING = ["--sample-interval", "3"]
+SAMPLED = ["--sample-temperature", "1.0", "--sample-top-k", "20"]
 
 
 def assert_same_weights(a: Path, b: Path) -> None:
@@ -28,19 +29,34 @@ def assert_same_weights(a: Path, b: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(demo_assets, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gen")
-    out = {"on": root / "on", "off": root / "off"}
-    for name, extra in (("on", SAMPLING), ("off", [])):
+    out = {"on": root / "on", "off": root / "off", "sampled": root / "sampled"}
+    for name, extra in (("on", SAMPLING), ("off", []), ("sampled", [*SAMPLING, *SAMPLED])):
         done = train_here(out[name], *demo_assets, *FLAGS, *extra)
         assert done.returncode == 0, done.stderr
     return out
 
 
-def test_training_with_and_without_generation_ends_bit_identical(runs):
-    assert_same_weights(runs["on"], runs["off"])
-    on, off = final_state(runs["on"]).sections["rng"], final_state(runs["off"]).sections["rng"]
+@pytest.mark.parametrize("search", ["on", "sampled"])
+def test_training_with_and_without_generation_ends_bit_identical(runs, search: str):
+    assert_same_weights(runs[search], runs["off"])
+    on, off = final_state(runs[search]).sections["rng"], final_state(runs["off"]).sections["rng"]
     for key in ("torch", "numpy", "python"):  # generating drew nothing from the random state training goes on with
         assert repr(on[key]) == repr(off[key]), key
     assert not (runs["off"] / "samples").exists()
+
+
+def test_sampled_generation_is_recorded_and_draws_other_codes_than_greedy(runs):
+    sampled, greedy = read_step(runs["sampled"], 0), read_step(runs["on"], 0)  # step 0: the same weights
+    assert sampled.settings["search"] == "sampled" and greedy.settings["search"] == "greedy"
+    assert (sampled.settings["temperature"], sampled.settings["top_k"], sampled.settings["top_p"]) == (1.0, 20, 1.0)
+    assert sampled.ids == greedy.ids
+    assert [c.tolist() for c in sampled.codes] != [c.tolist() for c in greedy.codes]
+
+
+def test_top_k_or_top_p_without_a_temperature_is_refused(demo_assets, tmp_path):
+    refused = train_here(tmp_path / "run", *demo_assets, *FLAGS, *SAMPLING, "--sample-top-p", "0.8")
+    assert refused.returncode == 2 and "pass --sample-temperature T" in refused.stderr, refused.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_each_sampled_validation_has_its_set_and_gen_metrics_in_the_history(runs):
@@ -86,9 +102,10 @@ def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(r
                                               map(torch.from_numpy, theirs.codes)))
 
 
-def test_under_torchrun_rank_0_generates_and_both_processes_stop_early_alike(demo_assets, tmp_path):
-    """Rank 1 generates nothing but gets rank 0's metrics, so it stops early at the same validation (on the
-    demo the generated length moves away from the reference's from step 0 to 3: patience 1 stops at 3)."""
+def test_under_torchrun_both_processes_get_every_code_and_stop_early_alike(demo_assets, tmp_path):
+    """Each process generates half the samples and gets the other half's codes, so both compute the same
+    metrics and stop early at the same validation (on the demo the generated length moves away from the
+    reference's from step 0 to 3: patience 1 stops at 3); rank 0 alone logs and writes."""
     from tests.test_ddp_runs import torchrun
 
     out = tmp_path / "run"
@@ -100,3 +117,21 @@ def test_under_torchrun_rank_0_generates_and_both_processes_stop_early_alike(dem
     assert done.stderr.count("generation step 3 stop_rate") == 1  # rank 0's line only
     errors = {s: read_step(out, s).metrics["gen/length_error_median"] for s in list_sets(out)}
     assert errors[3] > errors[0] and schema.read(out / "best.pth").best["value"] == errors[0]
+
+
+def test_under_torchrun_each_process_generates_its_part_and_the_sampled_set_is_the_single_process_one(
+        runs, demo_assets, tmp_path):
+    """Rank 1 generates a batch of its own (it reaches the fault point after it, where it is sent SIGTERM: the
+    job stops at the next step boundary). Each sample draws from its own generator keyed by the seed, so the
+    set does not depend on which process generated which sample, nor on the batch: at step 0 (the same
+    weights) the codes equal a single process's."""
+    from tests.test_ddp_runs import torchrun
+
+    out = tmp_path / "run"
+    done = torchrun(out, *demo_assets, *FLAGS, *SAMPLING, *SAMPLED, kill_at="rank1/SIGTERM@generate:0:0")
+    assert "fault injection: rank 1 sends SIGTERM at generate:0:0" in done.stderr, done.stderr[-3000:]
+    assert "stopped by signal" in done.stderr and sorted(list_sets(out)) == [0], done.stderr[-3000:]
+    ours, theirs = read_step(out, 0), read_step(runs["sampled"], 0)
+    assert (ours.ids, ours.stopped, ours.settings, ours.metrics) == (theirs.ids, theirs.stopped, theirs.settings,
+                                                                     theirs.metrics)
+    assert [c.tolist() for c in ours.codes] == [c.tolist() for c in theirs.codes]

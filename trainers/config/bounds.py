@@ -21,6 +21,8 @@ Why these bounds:
 * Loss weights and --grad-clip are finite and >= 0 (--grad-clip 0: off); the two loss weights
   must not both be 0, or nothing is learned. Adam's eps (saved with a run, no flag) is in (0, 1].
 * --lora-rank is 0 (full fine-tuning) to 4096; --lora-alpha is finite and > 0; --lora-dropout in [0, 1).
+* Sampling at validation: --sample-temperature in [0, 100] (0: greedy; far above ~2 every code is about as
+  likely, so a larger value is a typo), --sample-top-p in (0, 1] (1: off), --sample-top-k a count (0: off).
 * --num-workers is at most 256: each worker is a process, more never speed up loading, and a
   typo would start thousands.
 Every float must be finite: NaN compares false with every bound and would pass a plain `<` test.
@@ -123,6 +125,9 @@ BOUNDS: dict[str, Bound] = {
     "log_interval": _count(1),
     "early_stop_patience": _count(),
     "sample_interval": _count(),
+    "sample_temperature": _finite(0.0, 100.0),
+    "sample_top_k": _count(),
+    "sample_top_p": _finite(0.0, 1.0, low_open=True),
     "lora_rank": Bound(int, 0, MAX_LORA_RANK),
     "lora_alpha": _finite(0.0, low_open=True),
     "lora_dropout": _finite(0.0, 1.0, high_open=True),

@@ -175,6 +175,13 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(rt, "--sample-interval", d.sample_interval,
          "generate mel codes for a few validation samples per language at the validations of steps divisible by N, "
          "with gen/* metrics and OUTPUT_DIR/samples/ (0: off)")
+    _num(rt, "--sample-temperature", d.sample_temperature,
+         "generation at validation draws codes at this temperature, from a generator per sample keyed by --seed "
+         "(0: greedy; IndexTTS2 inference uses 0.8)")
+    _num(rt, "--sample-top-k", d.sample_top_k, "with --sample-temperature: draw from the K most likely codes (0: all; "
+         "inference uses 30)")
+    _num(rt, "--sample-top-p", d.sample_top_p, "with --sample-temperature: draw from the most likely codes whose "
+         "probabilities sum to P (1: all; inference uses 0.8)")
     _num(rt, "--early-stop-patience", d.early_stop_patience,
          "end training (status 0, final checkpoint saved) after N validations in a row without a new best "
          "--best-metric (0: off); a resume may raise it to continue")

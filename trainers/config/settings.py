@@ -85,6 +85,11 @@ class TrainConfig:
     # Generate the chosen validation samples at validations of steps divisible by this (0: off). Off by default:
     # on the CPU the official model takes minutes per 4 samples (docs/architecture.md, "Generation").
     sample_interval: int = 0
+    # Greedy generation unless the temperature is > 0: then codes are drawn, with top-k (0: off) and top-p
+    # (1.0: off), from a generator per sample keyed by the seed (trainers/run/validation_generation.py).
+    sample_temperature: float = 0.0
+    sample_top_k: int = 0
+    sample_top_p: float = 1.0
     demo: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +137,9 @@ LEGACY_VALUES: dict[str, Any] = {
     "lora_dropout": 0.0,
     "early_stop_patience": 0,  # before early stopping: never
     "sample_interval": 0,  # before generation at validation: none
+    "sample_temperature": 0.0,  # before sampled generation: greedy
+    "sample_top_k": 0,
+    "sample_top_p": 1.0,
 }
 
 
@@ -186,7 +194,7 @@ HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "va
 FREE_KEYS = (
     *HARDWARE_KEYS, "epochs", "max_steps", "amp", "tf32", "grad_checkpointing", "deterministic", "val_interval",
     "max_val_batches", "save_interval", "keep_checkpoints", "background_saves", "log_interval", "log_sample_ids",
-    "best_metric", "early_stop_patience", "sample_interval",
+    "best_metric", "early_stop_patience", "sample_interval", "sample_temperature", "sample_top_k", "sample_top_p",
     "val_manifests",
     "output_dir", "base_checkpoint", "config",
     "train_manifests", "tokenizer",  # compared through fingerprints instead of paths

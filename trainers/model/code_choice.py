@@ -8,8 +8,13 @@ none of training's random state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence, Union
 
 import torch
+
+# One generator for the batch (its rows draw in turn), or one per row: a row's draws then do not depend on
+# the other rows, so each sample's codes are those it gets alone (as greedy codes are).
+Generators = Union[torch.Generator, Sequence[torch.Generator]]
 
 # Upstream feeds `generate` placeholder ids of 1 for every prompt position (its `fake_inputs`), plus
 # the start code; HF's repetition penalty counts them as already generated, so mel code 1 and the
@@ -77,11 +82,14 @@ def _top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def choose(logits: torch.Tensor, seen: torch.Tensor | None, penalty: float, sampling: Sampling | None,
-           generator: torch.Generator | None) -> torch.Tensor:
+           generator: Generators | None) -> torch.Tensor:
     """The next code of each row of `logits` [B, V]: [B] int64."""
     if seen is not None and penalty != 1.0:
         logits = penalise(logits, seen, penalty)
     if sampling is None:
         return logits.argmax(dim=-1)  # the first of equal maxima, as HF's greedy search
     logits = _top_p(_top_k(logits.float() / sampling.temperature, sampling.top_k), sampling.top_p)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+    probs = logits.softmax(dim=-1)
+    if isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return torch.cat([torch.multinomial(row.unsqueeze(0), 1, generator=g) for row, g in zip(probs, generator)]).squeeze(1)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.model.code_choice import Sampling, check_penalty, choose, first_seen
+from trainers.model.code_choice import Generators, Sampling, check_penalty, choose, first_seen
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.kv_cache import KVCache, last_logits
 from trainers.model.layout import CONDITION_LEN
@@ -110,20 +110,23 @@ def generate_codes(
     max_codes: int,
     *,
     sampling: Sampling | None = None,
-    generator: torch.Generator | None = None,
+    generator: Generators | None = None,
     repetition_penalty: float = 1.0,
     kv_cache: bool = True,
     mel_positions: str = "upstream",
 ) -> GeneratedCodes:
     """Mel codes for each of B texts: greedy unless `sampling` is given, which needs `generator` (on the
-    model's device). condition [B,32,D], emo_vec [B,D], text_ids [B,T] (no start/stop), text_lens [B].
-    `kv_cache=False` recomputes the whole sequence at every step (same codes; for comparisons). Greedy codes
-    do not depend on the batch a sample is in; sampled ones do (the batch draws from one generator in turn)."""
+    model's device): one, or a list of B, one per text. condition [B,32,D], emo_vec [B,D], text_ids [B,T]
+    (no start/stop), text_lens [B]. `kv_cache=False` recomputes the whole sequence at every step (same codes;
+    for comparisons). Greedy codes do not depend on the batch a sample is in, nor do sampled ones with a
+    generator per text; with one generator the batch draws from it in turn."""
     _check(model, condition, emo_vec, text_ids, text_lens, max_codes, mel_positions)
     check_penalty(repetition_penalty)
     if sampling is not None and generator is None:
         raise ValueError("sampled generation needs a torch.Generator (generator=...): it never draws from the "
                          "global RNG, so that generating leaves training's random state alone")
+    if sampling is not None and not isinstance(generator, torch.Generator) and len(generator) != len(text_ids):
+        raise ValueError(f"generator: one torch.Generator, or one per text ({len(text_ids)}), got {len(generator)}")
     was_training = model.training
     model.eval()
     try:
@@ -135,7 +138,7 @@ def generate_codes(
 
 
 def _generate(model: UnifiedVoiceGPT, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
-              text_lens: torch.Tensor, max_codes: int, sampling: Sampling | None, generator: torch.Generator | None,
+              text_lens: torch.Tensor, max_codes: int, sampling: Sampling | None, generator: Generators | None,
               penalty: float, kv_cache: bool, mel_positions: str) -> GeneratedCodes:
     cfg = model.cfg
     x, pad = _prompts(model, condition, emo_vec, text_ids, text_lens)

@@ -276,6 +276,10 @@ def check_values(cfg: TrainConfig) -> None:
     if cfg.best_metric.startswith("gen/") and not cfg.sample_interval:
         problems.append(f"--best-metric {cfg.best_metric} is a generation metric: pass --sample-interval N too "
                         "(generation at validation is off)")
+    if not cfg.sample_temperature and (cfg.sample_top_k or cfg.sample_top_p != 1.0):
+        problems.append(f"--sample-top-k {cfg.sample_top_k} / --sample-top-p {cfg.sample_top_p} filter sampled codes, "
+                        "and generation is greedy: pass --sample-temperature T (> 0, e.g. 0.8) too, or --sample-top-k 0 "
+                        "--sample-top-p 1")
     if cfg.amp not in AMP_MODES:
         problems.append(f"--amp must be one of {', '.join(AMP_MODES)}, got {cfg.amp!r}")
     if problems:

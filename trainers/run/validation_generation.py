@@ -1,15 +1,21 @@
-"""Generation at validation (--sample-interval): the chosen validation samples' mel codes, generated greedily
-with the KV cache (trainers/model/generation.py), their gen/* metrics, and their set on disk.
+"""Generation at validation (--sample-interval): the chosen validation samples' mel codes, generated with the
+KV cache (trainers/model/generation.py), their gen/* metrics, and their set on disk.
 
 Which samples: trainers/data/generation_samples.py, keyed by the run's seed, so every validation, resume
 and machine generates the same ones. Each sample may generate up to LIMIT_FACTOR x its reference length
 + LIMIT_SLACK codes (within the model's position table); one that has not emitted the stop code by then
 counts as not stopped. The limit is the sample's own, so its codes do not depend on its batch-mates.
 
-Nothing here touches training's random state: greedy choice draws nothing, the model's training flag
-is restored, and the validation loader reads files in a fixed order. Under torchrun rank 0 alone
-generates and writes the set; the others wait for its metrics (World.share_from_main), so every process
-decides the best checkpoint and early stopping alike.
+Greedy by default. With --sample-temperature each sample draws from its own torch.Generator, keyed by the
+run's seed and the sample's place in the set, and started afresh at every validation: a sample's draws do
+not depend on its batch-mates, the batch size or the number of processes, and two validations' sets differ
+only by what the model learned between them (the same draws meet different probabilities).
+
+Nothing here touches training's random state: greedy choice draws nothing, sampling reads only its own
+generators, the model's training flag is restored, and the validation loader reads files in a fixed order.
+Under torchrun each process generates every N-th sample of the set; the codes are combined in every
+process (World.combine_parts), so all compute the same gen/* metrics and decide the best checkpoint and
+early stopping alike; rank 0 writes the set.
 """
 from __future__ import annotations
 
@@ -17,11 +23,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from trainers.data.data_order import StepPlan
 from trainers.data.generation_samples import GenerationSamples, generation_samples
 from trainers.data.sample_table import SampleTable
+from trainers.model.code_choice import Sampling
 from trainers.model.generation import generate_codes
 from trainers.run.sample_sets import SampleStore, new_set
 from trainers.training.generation_metrics import generation_metrics
@@ -42,6 +50,8 @@ class ValidationGeneration:
     ref_lengths: list[int]
     store: SampleStore | None  # rank 0's; None in the other processes of a torchrun job
     highest: int  # the most codes the model's mel position table allows
+    sampling: Sampling | None  # None: greedy
+    seed: int
     pending: tuple[list[torch.Tensor], list[bool]] | None = None  # rank 0: the codes generated, until written
 
     @classmethod
@@ -60,8 +70,10 @@ class ValidationGeneration:
         if store is not None:
             store.clean_temporaries()
         model = getattr(run.model, "module", run.model)  # DDP's wrapped model under torchrun
+        s = run.settings
+        sampling = Sampling(s.sample_temperature, s.sample_top_k, s.sample_top_p) if s.sample_temperature else None
         return cls(interval, chosen, [int(table.code_len[i]) for i in chosen.indices], store,
-                   model.cfg.max_mel_tokens + 2)
+                   model.cfg.max_mel_tokens + 2, sampling, s.seed)
 
     def due(self, step: int, final: bool) -> bool:
         """Samples at validations of steps divisible by the interval (step 0 included) and at the end."""
@@ -70,37 +82,42 @@ class ValidationGeneration:
     def limit(self, ref_length: int) -> int:
         return min(self.highest, LIMIT_FACTOR * ref_length + LIMIT_SLACK)
 
+    def generators(self, positions: list[int], device: torch.device) -> list[torch.Generator] | None:
+        """The samples' own generators (sampled generation), fresh at every validation; None when greedy."""
+        if self.sampling is None:
+            return None
+        return [torch.Generator(device).manual_seed(sample_seed(self.seed, p)) for p in positions]
+
     def generate(self, run: Any, after_batch: Callable[[int], None]) -> tuple[list[torch.Tensor], list[bool]]:
         """Each chosen sample's codes (cut at its limit) and whether it stopped within it, in chosen order.
-        `after_batch(j)` after the j-th batch: the loop's fault point."""
-        size = run.hardware.val_batch
+        This process generates its own samples (all of them without torchrun); `after_batch(j)` after the
+        j-th batch: the loop's fault point."""
+        size, device = run.hardware.val_batch, run.hardware.device
         model = getattr(run.model, "module", run.model)
-        rows = list(self.chosen.indices)
-        limits = [self.limit(n) for n in self.ref_lengths]
-        chunks = [rows[i: i + size] for i in range(0, len(rows), size)]
-        codes: list[torch.Tensor] = []
-        stopped: list[bool] = []
-        for j, batch in enumerate(run.val_loader.batches([StepPlan(0, 0, chunks)])):
-            mine = limits[len(codes): len(codes) + len(batch.ids)]
-            b = batch.to(run.hardware.device)
-            out = generate_codes(model, b.condition, b.emo_vec, b.text_ids, b.text_lens, max(mine))
-            for c, s, lim in zip(out.codes, out.stopped, mine):
-                codes.append(c[:lim])
-                stopped.append(bool(s) and len(c) < lim)  # the stop code itself is the lim-th token at most
+        mine = run.world.own_items(range(len(self.chosen.indices)))
+        chunks = [mine[i: i + size] for i in range(0, len(mine), size)]
+        rows = [[self.chosen.indices[p] for p in chunk] for chunk in chunks]
+        table = torch.zeros(len(self.chosen.indices), 2 + self.highest, dtype=torch.int64)
+        for j, (chunk, batch) in enumerate(zip(chunks, run.val_loader.batches([StepPlan(0, 0, rows)]))):
+            limits = [self.limit(self.ref_lengths[p]) for p in chunk]
+            b = batch.to(device)
+            out = generate_codes(model, b.condition, b.emo_vec, b.text_ids, b.text_lens, max(limits),
+                                 sampling=self.sampling, generator=self.generators(chunk, device))
+            for p, c, s, lim in zip(chunk, out.codes, out.stopped, limits):
+                c = c[:lim]
+                # the stop code itself is the lim-th token at most
+                table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])
+                table[p, 2: 2 + len(c)] = c
             after_batch(j)
-        return codes, stopped
+        table = run.world.combine_parts(table, "generation at validation")
+        return [row[2: 2 + int(row[0])].clone() for row in table], [bool(row[1]) for row in table]
 
     def run_at(self, run: Any, after_batch: Callable[[int], None]) -> dict[str, float]:
-        """Generate (rank 0) and return the gen/* metrics, the same in every process."""
-        keys = sorted(generation_metrics([[]] * len(self.ref_lengths), [False] * len(self.ref_lengths),
-                                         [1] * len(self.ref_lengths), self.chosen.languages))
-        if not run.world.is_main:
-            return dict(zip(keys, run.world.share_from_main([0.0] * len(keys), "generation at validation")))
+        """Generate (each process its part) and return the gen/* metrics, the same in every process."""
         codes, stopped = self.generate(run, after_batch)
-        self.pending = (codes, stopped)
-        metrics = generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
-        values = run.world.share_from_main([metrics[k] for k in keys], "generation at validation")
-        return dict(zip(keys, values))
+        if self.store is not None:
+            self.pending = (codes, stopped)
+        return generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
 
     def write(self, step: int, metrics: dict[str, float], best_step: int | None) -> None:
         """Rank 0: the set of this validation, atomically; the newest KEEP_SETS and the best's are kept."""
@@ -108,9 +125,18 @@ class ValidationGeneration:
             return
         codes, stopped = self.pending
         self.pending = None
-        settings = {"search": "greedy", "kv_cache": True, "limit": f"{LIMIT_FACTOR} x reference + {LIMIT_SLACK}",
-                    "mel_positions": "upstream"}
+        settings: dict[str, Any] = {"search": "greedy", "kv_cache": True,
+                                    "limit": f"{LIMIT_FACTOR} x reference + {LIMIT_SLACK}", "mel_positions": "upstream"}
+        if self.sampling is not None:
+            settings.update(search="sampled", temperature=self.sampling.temperature, top_k=self.sampling.top_k,
+                            top_p=self.sampling.top_p, generators=f"one per sample, keyed by seed {self.seed}")
         sample_set = new_set(step, self.chosen.ids, self.chosen.languages, codes, stopped, self.ref_lengths,
                              settings, metrics)
         path = self.store.write(sample_set, protect=[best_step] if best_step is not None else [])
         log.info("generation step %d: %d samples written to %s", step, len(codes), path)
+
+
+def sample_seed(seed: int, position: int) -> int:
+    """The seed of the generator of the sample at `position` in the set: 63 bits mixed from both."""
+    high, low = np.random.SeedSequence([seed, position]).generate_state(2, np.uint32)
+    return (int(high) << 31) ^ int(low)

@@ -327,11 +327,16 @@ class World:
         width = len(StepMetrics().as_list())
         return {lang: StepMetrics.from_list(sums[1 + i * width: 1 + (i + 1) * width]) for i, lang in enumerate(langs)}, None
 
-    def share_from_main(self, values: Sequence[float], what: str) -> list[float]:
-        """Rank 0's numbers in every process (the others pass placeholders of the same length); they wait here."""
+    def combine_parts(self, table: torch.Tensor, what: str) -> torch.Tensor:
+        """Each process filled its own rows of an int64 CPU `table` and left the others zero: the whole table,
+        in every process (they wait here)."""
         if not self.distributed:
-            return list(values)
-        return self._reduce([float(v) if self.is_main else 0.0 for v in values], None, what)
+            return table
+        import torch.distributed as dist
+
+        whole = table.clone()
+        self._collective(lambda: dist.all_reduce(whole, op=dist.ReduceOp.SUM), what)
+        return whole
 
     # --- collectives ------------------------------------------------------------------------
 
