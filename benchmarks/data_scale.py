@@ -202,8 +202,17 @@ def timed_run(cmd: list[str], env: dict[str, str], label: str, launcher: bool = 
     if proc.returncode != 0 or wall is None:
         raise BenchError(f"{label}: exit {proc.returncode}, first step line {'seen' if wall else 'missing'}:\n"
                          + "\n".join(tail))
-    trainers = {p: m for p, m in watch.at_first_step.items() if not (launcher and p == proc.pid)}
-    main_pid = min(trainers) if launcher else proc.pid  # under torchrun: the first rank started
+
+    def trainer_figures(seen: dict[int, dict[str, int]]) -> tuple[dict[int, dict[str, int]], int | None]:
+        trainers = {p: dict(m) for p, m in seen.items() if not (launcher and p == proc.pid)}
+        main_pid = (min(trainers) if trainers else None) if launcher else proc.pid  # torchrun: the first rank
+        return trainers, main_pid if main_pid in trainers else None
+
+    trainers, main_pid = trainer_figures(watch.at_first_step)
+    if main_pid is None:  # on a loaded machine the line was read after the trainers had ended: their peaks
+        trainers, main_pid = trainer_figures(watch.peak)
+    if main_pid is None:
+        raise BenchError(f"{label}: no trainer process was seen while it ran (polled every {POLL_S} s)")
     main = dict(trainers[main_pid], hwm=watch.peak.get(main_pid, trainers[main_pid])["hwm"])
     return Result(wall, own, main, {p: m for p, m in trainers.items() if p != main_pid}, watch.peak)
 
