@@ -135,3 +135,21 @@ def test_under_torchrun_each_process_generates_its_part_and_the_sampled_set_is_t
     assert (ours.ids, ours.stopped, ours.settings, ours.metrics) == (theirs.ids, theirs.stopped, theirs.settings,
                                                                      theirs.metrics)
     assert [c.tolist() for c in ours.codes] == [c.tolist() for c in theirs.codes]
+
+
+def test_out_of_memory_while_generating_halves_the_batch_and_changes_no_code(runs, demo_assets, tmp_path):
+    """An out-of-memory error in the first generation batch (injected at step 0: OOM_AT 0:generate) is
+    recovered with half the batch, kept for later validations; the codes do not depend on the batch, so
+    every set equals the run without the error, and so do the weights."""
+    out = tmp_path / "run"
+    done = train_here(out, *demo_assets, *FLAGS, *SAMPLING, "--val-batch-size", "4",
+                      env={"INDEXTTS_TRAIN_OOM_AT": "0:generate"})
+    assert done.returncode == 0, done.stderr
+    assert "out of memory while generating samples at step 0" in done.stderr
+    assert "generating in batches of 2 from here on" in done.stderr
+    assert_same_weights(out, runs["on"])
+    assert sorted(list_sets(out)) == sorted(list_sets(runs["on"]))
+    for step in list_sets(out):
+        ours, theirs = read_step(out, step), read_step(runs["on"], step)
+        assert ours.ids == theirs.ids and ours.stopped == theirs.stopped, step
+        assert [c.tolist() for c in ours.codes] == [c.tolist() for c in theirs.codes], step

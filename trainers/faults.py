@@ -31,7 +31,8 @@ Out-of-memory errors are injected the same way, so the recovery path runs on a C
   INDEXTTS_TRAIN_OOM_AT=STEP:J  once, at micro-batch J of optimizer step STEP, after the earlier
                               micro-batches of that step have accumulated their gradients; J may
                               also be "clip" (before unscaling and clipping, no weight changed yet)
-                              or "update" (in the optimizer update itself). A third part ":cublas"
+                              or "update" (in the optimizer update itself), or "generate" (the first
+                              batch generated at the validation of STEP, --sample-interval). A third part ":cublas"
                               raises the RuntimeError cuBLAS gives when it cannot allocate instead
                               (rankN/STEP:J: in the process of rank N only)
 """
@@ -187,6 +188,9 @@ class Faults:
                                   waits for this process's own write)
       validation STEP             a validation begins (KILL_AT validation:STEP)
       validation-batch size=N     before a validation batch's forward pass (OOM_ABOVE)
+      generation-batch STEP size=N  before a batch of the samples generated at that validation (OOM_ABOVE,
+                                  OOM_AT STEP:generate)
+      generate STEP J             after its J-th batch (KILL_AT generate:STEP:J)
     and checkpoint file events (KILL_AT save:STEP:EVENT) through the subscription `attach` makes.
     """
 
@@ -207,8 +211,9 @@ class Faults:
 
     def at(self, point: str, step: int | None = None, part: int | None = None, size: int = 0) -> None:
         """The loop is at `point` (see the class docstring): act on what is armed there."""
-        if point in ("forward", "validation-batch", "clip", "update") and self.oom is not None:
-            self.oom.check(size, step, part if point == "forward" else None if point == "validation-batch" else point)
+        if point in ("forward", "validation-batch", "clip", "update", "generation-batch") and self.oom is not None:
+            which = {"forward": part, "validation-batch": None, "generation-batch": "generate"}.get(point, point)
+            self.oom.check(size, step, which)
         if point == "micro" and self.nan.loss_from is not None and step >= self.nan.loss_from:
             self.nan.corrupt_gradients(self.params)
         if point == "updated":

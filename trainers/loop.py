@@ -231,7 +231,8 @@ def generate_samples(run: Run, tlog: TrainLog, faults: Faults, final: bool) -> d
     if gen is None or not gen.due(step, final):
         return {}
     t0 = time.perf_counter()
-    metrics = gen.run_at(run, lambda j: faults.at("generate", step, j))
+    metrics = gen.run_at(run, before_batch=lambda size: faults.at("generation-batch", step, size=size),
+                         after_batch=lambda j: faults.at("generate", step, j))
     tlog.generation(step, metrics, time.perf_counter() - t0)
     return metrics
 

@@ -29,6 +29,7 @@ import torch
 from trainers.data.data_order import StepPlan
 from trainers.data.generation_samples import GenerationSamples, generation_samples
 from trainers.data.sample_table import SampleTable
+from trainers.hardware.oom_recovery import halved, is_out_of_memory, oom_message, release_memory
 from trainers.model.code_choice import Sampling
 from trainers.model.generation import generate_codes
 from trainers.run.sample_sets import SampleStore, new_set
@@ -52,6 +53,7 @@ class ValidationGeneration:
     highest: int  # the most codes the model's mel position table allows
     sampling: Sampling | None  # None: greedy
     seed: int
+    batch: int = 0  # samples per generation batch once out of memory halved it (0: the validation batch)
     pending: tuple[list[torch.Tensor], list[bool]] | None = None  # rank 0: the codes generated, until written
 
     @classmethod
@@ -88,33 +90,56 @@ class ValidationGeneration:
             return None
         return [torch.Generator(device).manual_seed(sample_seed(self.seed, p)) for p in positions]
 
-    def generate(self, run: Any, after_batch: Callable[[int], None]) -> tuple[list[torch.Tensor], list[bool]]:
+    def generate(self, run: Any, before_batch: Callable[[int], None],
+                 after_batch: Callable[[int], None]) -> tuple[list[torch.Tensor], list[bool]]:
         """Each chosen sample's codes (cut at its limit) and whether it stopped within it, in chosen order.
-        This process generates its own samples (all of them without torchrun); `after_batch(j)` after the
-        j-th batch: the loop's fault point."""
-        size, device = run.hardware.val_batch, run.hardware.device
+        This process generates its own samples (all of them without torchrun), in batches of the validation's
+        size; out of memory halves the batch for the samples left and for later validations (the codes do not
+        depend on the batch). The loop's fault points: `before_batch(size)` before each batch, `after_batch(j)`
+        after the j-th."""
+        step, device = run.progress.step, run.hardware.device
         model = getattr(run.model, "module", run.model)
-        mine = run.world.own_items(range(len(self.chosen.indices)))
-        chunks = [mine[i: i + size] for i in range(0, len(mine), size)]
-        rows = [[self.chosen.indices[p] for p in chunk] for chunk in chunks]
         table = torch.zeros(len(self.chosen.indices), 2 + self.highest, dtype=torch.int64)
-        for j, (chunk, batch) in enumerate(zip(chunks, run.val_loader.batches([StepPlan(0, 0, rows)]))):
-            limits = [self.limit(self.ref_lengths[p]) for p in chunk]
-            b = batch.to(device)
-            out = generate_codes(model, b.condition, b.emo_vec, b.text_ids, b.text_lens, max(limits),
-                                 sampling=self.sampling, generator=self.generators(chunk, device))
-            for p, c, s, lim in zip(chunk, out.codes, out.stopped, limits):
-                c = c[:lim]
-                # the stop code itself is the lim-th token at most
-                table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])
-                table[p, 2: 2 + len(c)] = c
-            after_batch(j)
+        left = run.world.own_items(range(len(self.chosen.indices)))
+        done_batches = 0
+        while left:
+            size = min(self.batch or run.hardware.val_batch, run.hardware.val_batch)
+            chunks = [left[i: i + size] for i in range(0, len(left), size)]
+            rows = [[self.chosen.indices[p] for p in chunk] for chunk in chunks]
+            try:
+                for chunk, batch in zip(chunks, run.val_loader.batches([StepPlan(0, 0, rows)])):
+                    before_batch(len(chunk))
+                    self._generate_batch(model, batch.to(device), chunk, table, device)
+                    left = left[len(chunk):]
+                    after_batch(done_batches)
+                    done_batches += 1
+                break
+            except RuntimeError as exc:
+                if not is_out_of_memory(exc):
+                    raise
+                error = oom_message(exc)
+            release_memory(device)  # outside the except block, whose traceback holds the failed batch
+            self.batch = halved(size, "generation at validation", error)
+            log.warning("out of memory while generating samples at step %d (%s): generating in batches of %d from "
+                        "here on (--val-batch-size sets where generation starts)", step, error, self.batch)
         table = run.world.combine_parts(table, "generation at validation")
         return [row[2: 2 + int(row[0])].clone() for row in table], [bool(row[1]) for row in table]
 
-    def run_at(self, run: Any, after_batch: Callable[[int], None]) -> dict[str, float]:
+    def _generate_batch(self, model: Any, b: Any, chunk: list[int], table: torch.Tensor, device: torch.device) -> None:
+        """Generate the samples at positions `chunk` (their batch `b`) into their rows of `table`:
+        [length, stopped, codes...]."""
+        limits = [self.limit(self.ref_lengths[p]) for p in chunk]
+        out = generate_codes(model, b.condition, b.emo_vec, b.text_ids, b.text_lens, max(limits),
+                             sampling=self.sampling, generator=self.generators(chunk, device))
+        for p, c, s, lim in zip(chunk, out.codes, out.stopped, limits):
+            c = c[:lim]
+            table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])  # the stop is the lim-th token at most
+            table[p, 2: 2 + len(c)] = c
+
+    def run_at(self, run: Any, before_batch: Callable[[int], None],
+               after_batch: Callable[[int], None]) -> dict[str, float]:
         """Generate (each process its part) and return the gen/* metrics, the same in every process."""
-        codes, stopped = self.generate(run, after_batch)
+        codes, stopped = self.generate(run, before_batch, after_batch)
         if self.store is not None:
             self.pending = (codes, stopped)
         return generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
