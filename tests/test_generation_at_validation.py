@@ -53,6 +53,13 @@ def test_sampled_generation_is_recorded_and_draws_other_codes_than_greedy(runs):
     assert [c.tolist() for c in sampled.codes] != [c.tolist() for c in greedy.codes]
 
 
+def test_a_temperature_without_generation_says_it_has_no_effect(demo_assets, tmp_path):
+    done = train_here(tmp_path / "run", *demo_assets, *FLAGS[:-2], "--max-steps", "1", "--sample-temperature", "0.8")
+    assert done.returncode == 0, done.stderr
+    assert "--sample-temperature 0.8 has no effect: generation at validation is off; pass --sample-interval N" \
+        in done.stderr
+
+
 def test_top_k_or_top_p_without_a_temperature_is_refused(demo_assets, tmp_path):
     refused = train_here(tmp_path / "run", *demo_assets, *FLAGS, *SAMPLING, "--sample-top-p", "0.8")
     assert refused.returncode == 2 and "pass --sample-temperature T" in refused.stderr, refused.stderr

@@ -59,8 +59,14 @@ class ValidationGeneration:
     @classmethod
     def for_run(cls, run: Any) -> "ValidationGeneration | None":
         """None when --sample-interval is 0 or there is no validation set."""
-        interval = run.settings.sample_interval
+        interval, s = run.settings.sample_interval, run.settings
         if not interval or run.val_loader is None:
+            if run.world.is_main and not interval and s.sample_temperature:
+                log.warning("--sample-temperature %g has no effect: generation at validation is off; pass "
+                            "--sample-interval N to generate samples", s.sample_temperature)
+            elif run.world.is_main and interval:
+                log.warning("--sample-interval %d has no effect without a validation set: pass --val-manifest FILE "
+                            "to generate samples", interval)
             return None
         table = SampleTable.of(run.val_loader.dataset.samples)
         chosen = generation_samples(table, run.settings.seed)
@@ -72,7 +78,6 @@ class ValidationGeneration:
         if store is not None:
             store.clean_temporaries()
         model = getattr(run.model, "module", run.model)  # DDP's wrapped model under torchrun
-        s = run.settings
         sampling = Sampling(s.sample_temperature, s.sample_top_k, s.sample_top_p) if s.sample_temperature else None
         return cls(interval, chosen, [int(table.code_len[i]) for i in chosen.indices], store,
                    model.cfg.max_mel_tokens + 2, sampling, s.seed)
