@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.benchmark_smokes import start_in_background, stop_background
+from tests.benchmark_smokes import SMOKES, start_in_background, stop_background
 from trainers.model.gpt_model import GPTConfig
 
 # The scripts the tests start (the trainer, the tools, torchrun's workers) import the trainers package
@@ -64,9 +64,18 @@ def smokes_read_by(item: pytest.Item) -> list[str]:
     return [params.params["script"]] if params and "script" in params.params else []
 
 
+def in_a_worker() -> bool:
+    """Under pytest-xdist (pytest.ini's -n): the tests are spread over worker processes."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that read benchmark small modes go last: the small modes run in the background meanwhile."""
-    items.sort(key=lambda item: bool(smokes_read_by(item)))  # stable: every other test keeps its place
+    """In one process the tests that read benchmark small modes go last: the small modes run in the background
+    meanwhile. Spread over workers they go first, the longest first, so the other tests fill in beside them."""
+    if in_a_worker():
+        items.sort(key=lambda item: -max([SMOKES[s].seconds for s in smokes_read_by(item) if s in SMOKES] or [0]))
+    else:
+        items.sort(key=lambda item: bool(smokes_read_by(item)))  # stable: every other test keeps its place
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -74,7 +83,7 @@ def benchmark_smokes_in_background(request: pytest.FixtureRequest, tmp_path_fact
     """The small modes the selected tests read start with the session, one at a time, beside the other tests
     (which mostly keep one core busy); whatever still runs at the end of the session is killed."""
     scripts = [script for item in request.session.items for script in smokes_read_by(item)]
-    if scripts:
+    if scripts and not in_a_worker():  # a worker runs the small modes of its own tests, when they ask
         start_in_background(scripts, tmp_path_factory.mktemp("benchmark_smokes"))
     yield
     stop_background()

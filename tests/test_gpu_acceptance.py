@@ -20,7 +20,7 @@ from tests.demo_runs import subprocess_env
 @pytest.mark.benchmark_smokes("gpu_acceptance.py")
 def test_the_dry_run_reports_every_check_and_runs_each_gpu_checks_cpu_side(tmp_path_factory):
     # --smoke: the dry run with smaller CPU-side measurements, the run tests/test_benchmarks.py also reads
-    done = run_smokes(["gpu_acceptance.py"], tmp_path_factory.mktemp("benchmark_smokes"))["gpu_acceptance.py"]
+    done = run_smokes(["gpu_acceptance.py"], tmp_path_factory.mktemp("benchmark_smokes"), at_once=1)["gpu_acceptance.py"]
     assert done.returncode == 0, done.output[-3000:]
     report = json.loads((done.folder / "gpu_acceptance.json").read_text())
     records = {r["name"]: r for r in report["checks"]}
