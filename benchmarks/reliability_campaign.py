@@ -3,6 +3,7 @@
 
     python benchmarks/reliability_campaign.py [--seed 1] [--kills 10] [--signals 6] [--quick | --smoke]
                                               [--parts kills,signals,corruptions,inputs]
+                                              [--lora-rank R] [--sample-interval N]
                                               [--work-dir DIR] [--keep] [--json FILE]
 
 The promises under attack (README.md, docs/reliability.md): stopping and resuming never changes the result
@@ -15,7 +16,8 @@ Parts:
                with each other), then --kills trials. Each trial starts a run and SIGKILLs it,
                either after a random wall-clock delay or at an exact point drawn from the
                fault-injection grammar (trainers/faults.py: micro:N:J mid accumulation,
-               step:N, save:N:tmp_written|renamed|linked, validation:N, setup), then resumes it
+               step:N, save:N:tmp_written|renamed|linked, validation:N, setup; with
+               --sample-interval also generate:N:0, mid-generation), then resumes it
                with `--resume auto` (killed again 0-2 more times) until it finishes. Delays are
                drawn over the length of the rest of the run, as the reference runs timed it here;
                a run killed before it wrote run_config.json is started again with its command.
@@ -23,7 +25,8 @@ Parts:
                that gets as far as saying where it resumes must start from the newest complete
                checkpoint and print no "damaged" warning; the end must equal the reference:
                every model and optimizer tensor torch.equal, the same position, the same
-               sample_ids.tsv.
+               sample_ids.tsv (with --sample-interval: every validation's sample set, equal to
+               the reference's, and no temporary file left under samples/).
   signals      --signals trials: SIGTERM, SIGINT or SIGHUP (sometimes twice) at a random instant.
                Expected: exit 128+N (the kernel's default, reported as -N, is accepted too before
                start-up finished, when nothing was trained; never once the trainer is exiting, which
@@ -118,9 +121,11 @@ class Plan:
     accumulation: int = 2
     keep: int = 3
     lora_rank: int = 0  # > 0: every run trains LoRA adapters of this rank (with adapter dropout) instead
+    sample_interval: int = 0  # > 0: every run also generates samples at validation (the trainer's --sample-interval)
 
     def flags(self) -> list[str]:
         lora = ["--lora-rank", str(self.lora_rank), "--lora-dropout", "0.1"] if self.lora_rank else []
+        lora += ["--sample-interval", str(self.sample_interval)] if self.sample_interval else []
         return ["--batch-size", "8", "--grad-accumulation", str(self.accumulation), "--max-steps", str(self.steps),
                 "--save-interval", str(self.save_every), "--val-interval", str(self.val_every),
                 "--max-val-batches", "1", "--log-sample-ids", "--dropout", "0.1",
@@ -287,6 +292,7 @@ class Reference:
         self.run = run
         self.state = load(run / "latest.pth")
         self.sample_ids = (run / "sample_ids.tsv").read_text(encoding="utf-8")
+        self.sample_sets = sample_sets(run)
 
     def differences(self, run: Path) -> list[str]:
         """[] when `run` ended exactly where the reference did: position, model, optimizer, sample ids."""
@@ -305,7 +311,28 @@ class Reference:
         ids = run / "sample_ids.tsv"
         if not ids.is_file() or ids.read_text(encoding="utf-8") != self.sample_ids:
             found.append("sample_ids.tsv differs")
+        if self.sample_sets:  # --sample-interval: every validation's set, whole and equal, and no leftover
+            theirs = sample_sets(run)
+            if sorted(theirs) != sorted(self.sample_sets):
+                found.append(f"sample sets of steps {sorted(theirs)} instead of {sorted(self.sample_sets)}")
+            found += [f"the sample set of step {step} differs" for step in sorted(set(theirs) & set(self.sample_sets))
+                      if theirs[step] != self.sample_sets[step]]
+            leftovers = sorted(p.name for p in (run / "samples").iterdir() if p.name.startswith("."))
+            if leftovers:
+                found.append(f"temporary files left in samples/: {leftovers}")
         return found
+
+
+def sample_sets(run: Path) -> dict[int, tuple]:
+    """Each sample set under RUN_DIR/samples by step, as comparable values: ids, codes, stopped flags, metrics."""
+    from trainers.run.sample_sets import list_sets, read_step
+
+    sets = {}
+    for step in list_sets(run):
+        s = read_step(run, step)
+        sets[step] = (tuple(s.ids), tuple(tuple(c.tolist()) for c in s.codes), tuple(s.stopped),
+                      tuple(sorted(s.metrics.items())))
+    return sets
 
 
 def step_files(run: Path) -> list[int]:
@@ -430,6 +457,9 @@ class Campaign:
             "save": [f"save:{n}:{ev}" for n in p.saves() if n > saved for ev in ("tmp_written", "renamed", "linked")],
             "validation": [f"validation:{n}" for n in p.validations() if n > saved or (n == 0 and fresh)],
         }
+        if p.sample_interval:  # after the first batch generated at a validation, before its set is written
+            choices["generate"] = [f"generate:{n}:0" for n in p.validations() if (n > saved or (n == 0 and fresh))
+                                   and (n % p.sample_interval == 0 or n == p.steps)]
         if rng.random() < 0.05:
             return "setup"
         category = rng.choice([c for c, pts in choices.items() if pts])
@@ -1570,6 +1600,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="train LoRA adapters of this rank in every run (the kills, signals and corruptions of a LoRA "
                         "run) [0: full fine-tuning]")
+    p.add_argument("--sample-interval", type=int, default=0,
+                   help="every run also generates samples at the validations of steps divisible by N, and each "
+                        "run's sample sets must equal the reference's, with no temporary file left [0: off]")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} [all]")
     p.add_argument("--work-dir", type=Path,
                    help="make the campaign's folder under DIR and keep it (default: a temporary one, deleted)")
@@ -1595,7 +1628,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)  # as the trainer subprocesses: in-process resumes compute the same floats
-    plan = replace(SMOKE if args.smoke else QUICK if args.quick else FULL, lora_rank=args.lora_rank)
+    plan = replace(SMOKE if args.smoke else QUICK if args.quick else FULL, lora_rank=args.lora_rank,
+                   sample_interval=args.sample_interval)
     if args.work_dir is not None:
         args.work_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f"reliability_campaign-seed{args.seed}-", dir=args.work_dir))
@@ -1604,7 +1638,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"campaign: seed {args.seed}, parts {', '.join(args.parts)}; demo run of {plan.steps} steps, a checkpoint "
           f"every {plan.save_every}, validation every {plan.val_every}, {plan.accumulation} micro-batches per step"
-          f"{f', LoRA rank {plan.lora_rank}' if plan.lora_rank else ''}; "
+          f"{f', LoRA rank {plan.lora_rank}' if plan.lora_rank else ''}"
+          f"{f', samples generated every {plan.sample_interval} steps' if plan.sample_interval else ''}; "
           f"work directory {work}", flush=True)
     campaign = Campaign(work, args.seed, plan, [], args.quick, args.smoke)
     try:

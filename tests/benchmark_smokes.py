@@ -120,7 +120,7 @@ SMOKES: dict[str, Smoke] = {
     "ddp_peer_loss.py": Smoke(("--smoke",), (
         r"^trial 0: rank 0 SIGKILLed; survivor rank 1 exit -?\d+",
         r"^  \(-?\d+, (True|False)\): \d+ of \d+$"), 11),
-    "reliability_campaign.py": Smoke(("--smoke",), (
+    "reliability_campaign.py": Smoke(("--smoke", "--sample-interval", "3"), (
         r"^references +1 +1  bit-identical 1$",
         r"^kills +\d+ +\d+  \d+ SIGKILLs landed of \d+ sent \(\d+ at exact points, \d+ after a delay\); "
         r"resumed bit-identically \d+, differed \d+, failed \d+$",
