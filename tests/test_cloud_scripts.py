@@ -58,15 +58,23 @@ exit "$FAKE_STATUS"
 
 SIGNALLED_PYTHON = r"""#!/usr/bin/env bash
 # Stands in for the trainer: records each signal it gets in $SIGNALS; exits 128 + the first one
-# once it has had $STOP_AFTER.
+# once it has had $STOP_AFTER. Python, not bash traps: bash runs a trap only after its foreground
+# `sleep` ends, and once under load (2 test workers on 2 cores) a forwarded SIGHUP was never recorded.
 printf '%s\n' "$*" >>"$ATTEMPTS"
-got=()
-for sig in HUP INT TERM; do
-    trap "got+=($sig); echo $sig >>\"\$SIGNALS\"" "$sig"
-done
-echo "stand-in trainer: ready" >&2
-while ((${#got[@]} < STOP_AFTER)); do sleep 0.05; done
-exit $((128 + $(kill -l "${got[0]}")))
+exec "$REAL_PYTHON" -c '
+import os, signal, sys, time
+got = []
+def note(signum, frame):
+    got.append(signum)
+    with open(os.environ["SIGNALS"], "a") as record:
+        record.write(signal.Signals(signum).name[3:] + "\n")
+for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, note)
+print("stand-in trainer: ready", file=sys.stderr, flush=True)
+while len(got) < int(os.environ["STOP_AFTER"]):
+    time.sleep(0.05)
+sys.exit(128 + got[0])
+'
 """
 
 
