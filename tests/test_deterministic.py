@@ -179,3 +179,18 @@ def test_the_attention_backend_is_the_most_memory_efficient_deterministic_one(mo
     assert attention_backend(detect_hardware(torch.device("cpu")), None, official).name == "cpu"
     # The issue's figure: the official 20 heads at about 2,450 positions, fp32.
     assert round(math_attention_bytes(2450, 20, None) / 1e9, 2) == 0.48
+
+
+def test_such_an_op_in_generation_at_validation_stops_keeping_the_steps_before_it(tmp_path, monkeypatch,
+                                                                                  deterministic_state_kept):
+    """Generation at the final validation (--sample-interval) meets it: the steps trained are saved (the
+    weights are at a step boundary) and the stop names generation, not the optimizer update."""
+    from trainers.run import validation_generation
+
+    monkeypatch.setattr(validation_generation, "generate_codes",
+                        _alerting(validation_generation.generate_codes, from_call=2, training_only=False))
+    run = tmp_path / "run"
+    stopped = train_here(run, *_flags(tmp_path, 3), "--sample-interval", "3", "--val-batch-size", "64")
+    assert stopped.returncode == 2, stopped.stderr[-3000:]
+    assert "met in the generation at validation of step 3; it was not run" in stopped.stderr, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and final_state(run).step == 3

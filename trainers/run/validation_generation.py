@@ -29,6 +29,7 @@ import torch
 from trainers.data.data_order import StepPlan
 from trainers.data.generation_samples import GenerationSamples, generation_samples
 from trainers.data.sample_table import SampleTable
+from trainers.hardware.determinism import nondeterministic_or
 from trainers.hardware.oom_recovery import halved, is_out_of_memory, oom_message, release_memory
 from trainers.model.code_choice import Sampling
 from trainers.model.generation import generate_codes
@@ -120,8 +121,8 @@ class ValidationGeneration:
                     done_batches += 1
                 break
             except RuntimeError as exc:
-                if not is_out_of_memory(exc):
-                    raise
+                if not is_out_of_memory(exc):  # --deterministic's stop names this pass, as validation's does
+                    raise nondeterministic_or(exc, f"in the generation at validation of step {step}")
                 error = oom_message(exc)
             release_memory(device)  # outside the except block, whose traceback holds the failed batch
             self.batch = halved(size, "generation at validation", error)
