@@ -6,9 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.demo_runs import final_state, train, train_here
+from tests.demo_runs import assert_equal_nested, final_state, train, train_here
 from tests.test_best_checkpoint import FLAGS, OVERSHOOTING, validations
 from trainers.checkpoint import schema
 
@@ -44,8 +43,7 @@ def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identica
     assert resumed.returncode == 0, resumed.stderr
     ours, theirs = final_state(out), final_state(stopped)
     assert ours.step == theirs.step == 9
-    for key, value in theirs.model.items():
-        assert torch.equal(ours.model[key], value), key
+    assert_equal_nested(ours.model, theirs.model, "model")
     assert (out / "best.pth").exists() and schema.read(out / "best.pth").step == 3
 
 

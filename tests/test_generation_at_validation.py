@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import final_state, train, train_here
+from tests.demo_runs import assert_equal_nested, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.settings import BEST_METRICS
 from trainers.run.sample_sets import list_sets, read_step
@@ -22,8 +22,7 @@ SAMPLED = ["--sample-temperature", "1.0", "--sample-top-k", "20"]
 def assert_same_weights(a: Path, b: Path) -> None:
     sa, sb = final_state(a), final_state(b)
     assert sa.step == sb.step
-    for key, value in sa.model.items():
-        assert torch.equal(sb.model[key], value), key
+    assert_equal_nested(sa.model, sb.model, "model")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_close_weights, final_state, train, train_here
+from tests.demo_runs import assert_close_weights, assert_equal_nested, final_state, train, train_here
 from tests import test_lora_runs
 from tests.test_lora_runs import COMMON, STEPS
 from trainers.checkpoint import schema
@@ -98,10 +98,9 @@ def test_a_killed_branch_resumes_bit_identically(full_run, branch_reference, tmp
     assert resumed.returncode == 0, resumed.stderr
     assert resumes in resumed.stderr
     a, b = final_state(branch_reference), final_state(out)
-    assert a.step == b.step == 6 and a.model.keys() == b.model.keys()
-    assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
-    for pa, pb in zip(a.optimizer["state"].values(), b.optimizer["state"].values()):
-        assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert a.step == b.step == 6
+    assert_equal_nested(a.model, b.model, "model")
+    assert_equal_nested(a.optimizer, b.optimizer, "optimizer")
 
 
 def test_the_refusals_that_remain_are_clear_and_change_nothing(full_run, branch_reference, tmp_path):

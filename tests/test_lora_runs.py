@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_close_weights, final_state, train, train_here
+from tests.demo_runs import assert_close_weights, assert_equal_nested, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.flags import lora_targets, parse_command_line
 from trainers.faults import Faults
@@ -75,11 +75,8 @@ def test_sigkill_mid_accumulation_and_mid_write_then_resume_is_bit_identical(dem
         assert f"(step {resumes_from}," in resumed.stderr
     a, b = final_state(lora_reference), final_state(out)
     assert a.step == b.step == STEPS
-    assert a.model.keys() == b.model.keys()
-    for key in a.model:
-        assert torch.equal(a.model[key], b.model[key]), key
-    for pa, pb in zip(a.optimizer["state"].values(), b.optimizer["state"].values()):
-        assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert_equal_nested(a.model, b.model, "model")
+    assert_equal_nested(a.optimizer, b.optimizer, "optimizer")
 
 
 def test_the_checkpoint_holds_adapters_only_and_names_its_base(demo_assets, lora_reference):
@@ -190,8 +187,8 @@ def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, l
         assert resumed.returncode == (-signal.SIGKILL if kill_at else 0), resumed.stderr
         assert "in the background" in resumed.stderr
     a, b = final_state(lora_reference), final_state(out)
-    assert a.step == b.step == STEPS and a.model.keys() == b.model.keys()
-    assert all(torch.equal(a.model[k], b.model[k]) for k in a.model)
+    assert a.step == b.step == STEPS
+    assert_equal_nested(a.model, b.model, "model")
 
 
 def test_two_torchrun_processes_train_the_single_process_lora_steps(demo_assets, lora_reference, tmp_path):

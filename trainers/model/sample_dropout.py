@@ -204,9 +204,6 @@ class _RegeneratedMask(torch.autograd.Function):
         return ctx.drop.apply_mask(grad, ctx.site), None, None
 
 
-__all__ = ["DEFAULT_MASKS", "MASK_VERSIONS", "PositionHashes", "SampleDropout", "dropout_keys"]
-
-
 class WidthDropout:
     """SampleDropout for the inputs of several widths in one forward pass (the LoRA adapters' inputs are
     model_dim or 4 x model_dim wide): one SampleDropout per width, made on first use, each keyed by the
@@ -227,3 +224,6 @@ class WidthDropout:
             self._by_width[width] = SampleDropout(self.p, self.keys, self.seq_len, width, self.device, self.version,
                                                   self.positions)
         return self._by_width[width](x, site)
+
+
+__all__ = ["DEFAULT_MASKS", "MASK_VERSIONS", "PositionHashes", "SampleDropout", "WidthDropout", "dropout_keys"]
