@@ -60,7 +60,8 @@ class ValidationGeneration:
     @classmethod
     def for_run(cls, run: Any) -> "ValidationGeneration | None":
         """None when --sample-interval is 0 or there is no validation set."""
-        interval, s = run.settings.sample_interval, run.settings
+        s = run.settings
+        interval = s.sample_interval
         if not interval or run.val_loader is None:
             if run.world.is_main and not interval and s.sample_temperature:
                 log.warning("--sample-temperature %g has no effect: generation at validation is off; pass "
@@ -70,7 +71,7 @@ class ValidationGeneration:
                             "to generate samples", interval)
             return None
         table = SampleTable.of(run.val_loader.dataset.samples)
-        chosen = generation_samples(table, run.settings.seed)
+        chosen = generation_samples(table, s.seed)
         if chosen.left_out:
             log.warning("generation at validation: languages %s get no sample (the set holds at most %d); their "
                         "gen/* metrics are missing. Use fewer validation languages to hear them all",
