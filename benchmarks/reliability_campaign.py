@@ -1408,15 +1408,20 @@ def two_trainers(c: Campaign, i: int) -> dict[str, Any]:
     with open(folder / "first.log", "w", encoding="utf-8") as err:
         first = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 60
-        while not (out / "run_config.json").exists() and time.monotonic() < deadline and first.poll() is None:
+        # The first trainer locks the directory before it reads anything there: the second one starts while the
+        # first still sets up (the moment a second trainer used to find no run and no lock).
+        deadline = time.monotonic() + 300
+        while not (out / LOCK_NAME).exists() and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.05)
+        locked = (out / LOCK_NAME).exists()
         result = run_in_process(["--output-dir", str(out), "--resume", "auto"])
         still_running = first.poll() is None
         first.send_signal(signal.SIGTERM)
         first_status = first.wait(timeout=120)
     category, ok = classify(result, case.needles, True)
     problems = []
+    if not locked:
+        problems.append("the first trainer had not locked its directory within 300 s: the case did not test the lock")
     if not still_running:
         problems.append("the first trainer had already ended: the case did not test the lock")
     if first_status not in (0, 128 + signal.SIGTERM):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.demo_runs import final_state, subprocess_env, train_here
+from tests.demo_runs import final_state, subprocess_env, train, train_here
 from tests.trainer_process import TrainerProcess
 from trainers.errors import UserError
 from trainers.run.lock import RunLock
@@ -62,3 +62,48 @@ def test_a_forked_child_does_not_keep_the_run_locked(tmp_path):
         os.close(ready)
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def test_a_second_trainer_started_while_the_first_sets_up_gets_the_locks_message(demo_assets, tmp_path):
+    """A second trainer started before the first had written anything used to find no run there, warn that a
+    NEW run starts, then stop on "no training data" (or start a second run): the first took the lock only after
+    reading its inputs. It now holds it from its first look at the directory, which it created."""
+    out = tmp_path / "runs" / "run"
+    first = TrainerProcess(["--output-dir", str(out), "--resume", "auto", *demo_assets, *FLAGS, "--max-steps", "2"],
+                           subprocess_env())
+    try:
+        first.wait_for("so a NEW run starts there", timeout=120)
+        os.kill(first.pid, signal.SIGSTOP)  # frozen in its start-up, before it has written anything of the run
+        for flags in (["--resume", "auto"], [*demo_assets, *FLAGS, "--seed", "2"]):  # continue it; start another
+            refused = train(out, *flags)
+            assert refused.returncode == 2, refused.stderr
+            assert "another trainer is using" in refused.stderr and f"pid {first.pid} on" in refused.stderr
+            assert "NEW run" not in refused.stderr and "Traceback" not in refused.stderr
+        assert [p.name for p in out.iterdir()] == [".trainer.lock"]
+        assert "does not exist, so a NEW run starts there" in first.stderr_text()  # said of the directory as found
+        os.kill(first.pid, signal.SIGCONT)
+        assert first.wait(timeout=120) == 0, first.stderr_text()
+    finally:
+        if first.returncode is None:
+            os.kill(first.pid, signal.SIGCONT)
+        first.kill_tree()
+    assert final_state(out).step == 2
+
+
+def test_a_start_refused_after_locking_leaves_the_disk_as_it_found_it(tmp_path):
+    """The lock comes first, so a start refused on its input afterwards removes what locking made: the lock
+    file, and the directories it created; a directory that was there keeps its files (and one it found)."""
+    made = RunLock(tmp_path / "new" / "run").acquire()
+    assert not made.existed
+    made.abandon()
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("x")
+    found = RunLock(tmp_path / "mine").acquire()
+    assert found.existed
+    found.abandon()
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    RunLock(tmp_path / "mine").acquire().release()  # a lock file a finished trainer left stays where it is
+    again = RunLock(tmp_path / "mine").acquire()
+    again.abandon()
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == [".trainer.lock", "notes.txt"]

@@ -13,6 +13,11 @@ when the process dies, so a SIGKILLed trainer never leaves a stale lock behind.
   start time) for the refusal message. On network filesystems that do not support flock on a
   directory (NFS emulates flock with record locks, which need a writable file) this one alone
   keeps a second trainer out, as before.
+
+The trainer locks before it looks at what the directory holds (new run or resume), so a second
+trainer started while the first is still reading its inputs gets this refusal, not a verdict on a
+directory that is about to change. A start refused on its input afterwards (`abandon`) removes the
+lock file and the directories it created, so it leaves the disk as it found it.
 """
 from __future__ import annotations
 
@@ -36,9 +41,19 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_NAME
         self._fd: int | None = None
         self._dir_fd: int | None = None
+        self.created: list[Path] = []  # the directories acquire() made, innermost first
+        self._found: set[str] | None = None  # what the directory held before (None: not known)
+        self._made_file = False
+
+    @property
+    def existed(self) -> bool:
+        """Whether the run directory was there before this lock."""
+        return self.path.parent not in self.created
 
     def acquire(self) -> "RunLock":
         run_dir = self.path.parent
+        self.created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]
+        self._found = set() if self.created else _listing(run_dir)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -67,6 +82,7 @@ class RunLock:
         _close_in_forked_children(self)
 
     def _lock_file(self) -> None:
+        self._made_file = not self.path.exists()
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -97,6 +113,25 @@ class RunLock:
                 os.close(fd)  # closing the file drops its lock
                 setattr(self, name, None)
 
+    def abandon(self) -> None:
+        """Release after a start that stopped before writing anything of the run: the lock file and the
+        directories acquire() made go too, where nothing else was added to them."""
+        run_dir = self.path.parent
+        untouched = self._fd is not None and self._made_file and self._found is not None and \
+            _listing(run_dir) == self._found
+        if untouched:
+            try:
+                self.path.unlink()
+            except OSError:
+                untouched = False
+        self.release()
+        if untouched:
+            for folder in self.created:
+                try:
+                    folder.rmdir()  # only while empty: a trainer that got in since keeps its directory
+                except OSError:
+                    break
+
     def forget_in_child(self) -> None:
         """In a forked child: close the child's copy of the directory lock (the parent keeps holding it)."""
         if self._dir_fd is not None:
@@ -116,6 +151,14 @@ def _close_in_forked_children(lock: RunLock) -> None:
             held.forget_in_child()
 
     os.register_at_fork(after_in_child=after_fork_in_child)
+
+
+def _listing(folder: Path) -> set[str] | None:
+    """The names in `folder` but the lock file (None where it cannot be listed)."""
+    try:
+        return set(os.listdir(folder)) - {LOCK_NAME}
+    except OSError:
+        return None
 
 
 def _holder_details(path: Path) -> str | None:

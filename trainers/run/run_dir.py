@@ -51,18 +51,27 @@ class SavedRun:
     damaged: tuple[tuple[Path, str], ...] = ()  # newer checkpoints that failed: set aside once the run is locked
 
 
-def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
-    """The run directory and the checkpoint to resume (None: start fresh)."""
+def run_dir_of(cmd: CommandLine) -> Path:
+    """The run directory the command names, from its flags alone (nothing is read from it)."""
     given_dir = cmd.given.get("output_dir")
     if cmd.resume == "best":
-        return _best_of(Path(given_dir or os.path.abspath(TrainConfig.output_dir)))
+        return Path(given_dir or os.path.abspath(TrainConfig.output_dir))
     if cmd.resume not in (None, "auto"):
         path = Path(cmd.resume)
         if not path.is_file():
             raise UserError(f"--resume {cmd.resume}: no such file; use --resume auto to continue OUTPUT_DIR/latest.pth")
-        return Path(given_dir) if given_dir else path.resolve().parent, path
+        return Path(given_dir) if given_dir else path.resolve().parent
     default_dir = DEMO_OUTPUT_DIR if cmd.given.get("demo") else TrainConfig.output_dir
-    run_dir = Path(given_dir or os.path.abspath(default_dir))
+    return Path(given_dir or os.path.abspath(default_dir))
+
+
+def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume (None: start fresh)."""
+    run_dir = run_dir_of(cmd)
+    if cmd.resume == "best":
+        return _best_of(run_dir)
+    if cmd.resume not in (None, "auto"):
+        return run_dir, Path(cmd.resume)
     found = newest_checkpoint(run_dir)
     if cmd.resume == "auto":
         return run_dir, found
@@ -74,10 +83,11 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
     return run_dir, None
 
 
-def warn_new_run(run_dir: Path) -> None:
+def warn_new_run(run_dir: Path, existed: bool = True) -> None:
     """`--resume auto` found no run in `run_dir`: it starts one, which is right for a first start (cloud
-    scripts pass --resume auto every time) and wrong after a typo in --output-dir, so say it loudly."""
-    where = "does not exist" if not run_dir.exists() else "holds no checkpoint and no run_config.json"
+    scripts pass --resume auto every time) and wrong after a typo in --output-dir, so say it loudly.
+    `existed`: whether the directory was there before this trainer locked (and so created) it."""
+    where = "does not exist" if not existed else "holds no checkpoint and no run_config.json"
     near = similar_runs(run_dir)
     log.warning("--resume auto: %s %s, so a NEW run starts there at step 0. %s", run_dir, where,
                 f"Runs next to it with similar names: {'; '.join(near)}. If you meant one of them, stop this trainer "

@@ -32,7 +32,7 @@ from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.schedule import plan_schedule
 from trainers.run.validation_generation import ValidationGeneration
 from trainers.run.run_dir import (
-    locate_run, read_saved_run, refuse_another_runs_checkpoint, warn_new_run, write_start_files,
+    locate_run, read_saved_run, refuse_another_runs_checkpoint, run_dir_of, warn_new_run, write_start_files,
 )
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
@@ -119,16 +119,22 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
 
 
 def _locked_run(cmd: CommandLine, world: World) -> Run:
-    run_dir, checkpoint = locate_run(cmd)
-    saved = read_saved_run(run_dir, checkpoint, cmd.resume)
-    if saved and saved.path:
-        refuse_another_runs_checkpoint(run_dir, saved)
-    if cmd.resume == "auto" and saved is None and world.is_main:
-        warn_new_run(run_dir)
-    machine = detect_hardware(world.place(pick_device(cmd.given.get("device", "auto"))))
-    resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
-    # Before anything in the run directory is changed; under torchrun rank 0 alone locks and writes it.
+    # Locked before the directory is read: a trainer still reading its inputs there keeps a second one out
+    # (which would otherwise find no run yet). Under torchrun rank 0 alone locks and writes it.
+    run_dir = run_dir_of(cmd)
     lock = RunLock(run_dir).acquire() if world.is_main else NoLock()
+    try:
+        run_dir, checkpoint = locate_run(cmd)
+        saved = read_saved_run(run_dir, checkpoint, cmd.resume)
+        if saved and saved.path:
+            refuse_another_runs_checkpoint(run_dir, saved)
+        if cmd.resume == "auto" and saved is None and world.is_main:
+            warn_new_run(run_dir, existed=lock.existed)
+        machine = detect_hardware(world.place(pick_device(cmd.given.get("device", "auto"))))
+        resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
+    except BaseException:
+        lock.abandon()  # refused before anything of the run was written: leave no lock file or new directory
+        raise
     try:
         return _start_run(cmd, resolution, machine, lock, world)
     except BaseException:

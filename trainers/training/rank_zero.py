@@ -154,7 +154,12 @@ class QuietLog:
 class NoLock:
     """What processes other than rank 0 hold: rank 0 alone locks the run directory."""
 
+    existed = True
+
     def release(self) -> None:
+        pass
+
+    def abandon(self) -> None:
         pass
 
 
