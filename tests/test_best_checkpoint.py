@@ -8,6 +8,7 @@ import pytest
 
 from tests.demo_runs import final_state, train_here
 from trainers.checkpoint import schema
+from trainers.run.lock import LOCK_NAME
 
 FLAGS = ["--batch-size", "16", "--val-interval", "3", "--max-val-batches", "1", "--save-interval", "3",
          "--keep-checkpoints", "1", "--log-interval", "100", "--lr-decay-steps", "12"]
@@ -48,7 +49,7 @@ def test_a_resume_compares_with_the_saved_best_not_with_infinity(run9, tmp_path)
 
 
 def test_resume_best_is_refused_where_newer_steps_exist_and_branches_elsewhere(run9, tmp_path):
-    before = {p.name: p.stat().st_mtime_ns for p in run9.iterdir()}
+    before = {p.name: p.stat().st_mtime_ns for p in run9.iterdir() if p.name != LOCK_NAME}  # a refusal locks first
     refused = train_here(run9, "--resume", "best")
     assert refused.returncode == 2
     assert "best.pth is step 3 but" in refused.stderr and "--output-dir NEW_DIR" in refused.stderr
@@ -60,7 +61,7 @@ def test_resume_best_is_refused_where_newer_steps_exist_and_branches_elsewhere(r
     ours = final_state(branch)
     assert ours.step == 5 and ours.run_id != best.run_id
     assert [h for h in ours.history if h["kind"] == "resume"][-1]["changes"][0].startswith("branched from run")
-    assert {p.name: p.stat().st_mtime_ns for p in run9.iterdir()} == before  # the original run is untouched
+    assert {p.name: p.stat().st_mtime_ns for p in run9.iterdir() if p.name != LOCK_NAME} == before  # untouched
 
 
 def test_resume_best_continues_where_best_is_the_newest_checkpoint(demo_assets, tmp_path):

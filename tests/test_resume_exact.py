@@ -19,6 +19,7 @@ import torch
 from tests.demo_runs import (assert_close_weights, assert_same_training, final_state, subprocess_env, train, train_here,
                              train_scalars)
 from tests.trainer_process import TrainerProcess
+from trainers.run.lock import LOCK_NAME
 
 STEPS = 40  # the demo corpus has 384 samples: 24 steps per epoch at effective batch 16
 # Log interval 10: most resumes below land mid-interval, and the logged history must match too.
@@ -263,7 +264,8 @@ def test_a_checkpoint_of_another_run_is_refused_in_a_directory_that_holds_a_run(
 
 
 def _files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+    """The files' bytes, but the lock file's: a refused start takes and releases it (trainers/run/lock.py)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != LOCK_NAME}
 
 
 def test_a_checkpoint_copied_in_from_another_run_is_refused(demo_assets, reference, tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from trainers.checkpoint import schema
+from trainers.checkpoint.disk_space import DiskRoom
 from trainers.checkpoint.save_mode import choose_save_mode
 from trainers.checkpoint.snapshot import buffer_sizes
 from trainers.checkpoint.step_files import CheckpointManager
@@ -42,7 +43,8 @@ class Checkpointer:
     """
 
     def __init__(self, run_dir: Path, keep: int, components: Mapping[str, Stateful],
-                 on_event: CheckpointEvent | None = None, background: bool = False) -> None:
+                 on_event: CheckpointEvent | None = None, background: bool = False,
+                 room: DiskRoom | None = None) -> None:
         missing = set(schema.SECTIONS) - set(components)
         if missing:
             raise ValueError(f"no component for checkpoint section(s) {sorted(missing)}")
@@ -50,6 +52,7 @@ class Checkpointer:
         self.files = CheckpointManager(self.run_dir, keep, on_event)
         self.components = dict(components)
         self.writer = CheckpointWriter(self.files, background=background, static=self._carried())
+        self.room = room  # checked before each save: a disk that filled up since the start is warned about
 
     def save(self, step: int) -> None:
         """Save the checkpoint of `step` (see the class docstring for when it is complete).
@@ -109,11 +112,15 @@ class Checkpointer:
             bad = component.non_finite() if hasattr(component, "non_finite") else None
             if bad:
                 raise TrainingDiverged(f"{name} tensor {bad} holds non-finite values, so step {step} is not saved")
+        if self.room is not None:
+            self.room.warn_if_short(step)
         sections = {name: c.state_dict() for name, c in self.components.items()}
 
         def assemble_and_write(copy: dict) -> Path:
             path = write(schema.assemble(copy))  # checksums too: off the training thread in the background mode
             done(path)
+            if self.room is not None:
+                self.room.written(path)
             return path
 
         try:

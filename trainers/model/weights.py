@@ -215,13 +215,15 @@ class GPTWeights:
     # being named by path and sha256 in the run section. None: full fine-tuning, the whole model is saved.
     trained_keys: tuple[str, ...] | None = None
 
-    def state_dict(self) -> StateDict:
+    def saved_tensors(self) -> StateDict:
+        """The tensors of the model section where they live (state_dict() copies them to the CPU)."""
         own = self.model.state_dict()
         if self.trained_keys is not None:
-            return {k: own[k].detach().cpu() for k in self.trained_keys}
-        state = {k: v.detach().cpu() for k, v in own.items()}
-        state.update(self.carried)
-        return state
+            return {k: own[k] for k in self.trained_keys}
+        return {**own, **self.carried}
+
+    def state_dict(self) -> StateDict:
+        return {k: v.detach().cpu() for k, v in self.saved_tensors().items()}
 
     def non_finite(self) -> str | None:
         """The first trained parameter holding a NaN or inf (carried tensors were checked on load)."""

@@ -23,7 +23,7 @@ from trainers.data.manifest import DataLimits, ManifestError, parse_manifest_spe
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
-from trainers.files import dict_sha256, file_sha256
+from trainers.files import dict_sha256, file_sha256, os_error_in_chain
 from trainers.model.demo_base import ensure_demo_base
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import StateDict, check_base_fits, read_state_dict, refuse_bad_values
@@ -102,9 +102,18 @@ def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
     if not cfg.demo or not any(p and Path(p).parent == root for p in paths):
         return
     gpt = model_config(model_yaml["gpt"], cfg.config)  # the demo's tokenizer is trained to its number_text_tokens
-    ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt.model_dim, vocab_size=gpt.number_text_tokens,
-                                            num_codes=gpt.start_mel_token))
-    ensure_demo_base(root, gpt)
+    try:
+        ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt.model_dim, vocab_size=gpt.number_text_tokens,
+                                                num_codes=gpt.start_mel_token))
+        ensure_demo_base(root, gpt)
+    except FileExistsError as exc:  # a folder of someone else's files where the corpus goes
+        raise UserError(f"{exc} (nothing was trained)") from None
+    except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+        cause = os_error_in_chain(exc)
+        if cause is None:
+            raise
+        raise UserError(f"cannot write the demo corpus in {root}: {cause.strerror or cause}; free disk space or "
+                        "pass an --output-dir on another disk (nothing was trained)") from None
 
 
 def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str,

@@ -8,10 +8,13 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
+from trainers.checkpoint import schema
 from trainers.checkpoint.checkpointer import Checkpointer
+from trainers.checkpoint.disk_space import GROWTH, DiskRoom, checkpoint_bytes
 from trainers.checkpoint.recovery import set_aside
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig
@@ -132,13 +135,9 @@ def _locked_run(cmd: CommandLine, world: World) -> Run:
             warn_new_run(run_dir, existed=lock.existed)
         machine = detect_hardware(world.place(pick_device(cmd.given.get("device", "auto"))))
         resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
-    except BaseException:
-        lock.abandon()  # refused before anything of the run was written: leave no lock file or new directory
-        raise
-    try:
         return _start_run(cmd, resolution, machine, lock, world)
     except BaseException:
-        lock.release()
+        lock.abandon()  # a start that wrote nothing else leaves no lock file or new directory behind
         raise
 
 
@@ -166,6 +165,11 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     if cfg.settings.deterministic:
         make_deterministic()
     weights = build_weights(cfg, inputs, ckpt is not None, chosen.device)
+    # Room for the checkpoints the run keeps, before anything is trained or written (rank 0 alone writes them).
+    room = disk_room(cfg, weights, val_set is not None, total, ckpt, resume.path if resume else None) \
+        if world.is_main else None
+    if room is not None:
+        room.refuse_if_short(step)
     # Under torchrun the split is each process's, of its share of a step.
     rank_cfg = replace(cfg.settings, effective_batch=world.rank_batch(cfg.settings.effective_batch))
     hardware = plan_hardware(rank_cfg, chosen, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
@@ -177,7 +181,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
     checkpoints = Checkpointer(run_dir, cfg.settings.keep_checkpoints, {
         "model": weights, "optim": optim, "data": data, "progress": progress, "rng": ProcessRNG(), "run": cfg,
-        "hardware": hardware}, background=background and world.is_main)
+        "hardware": hardware}, background=background and world.is_main, room=room)
     if ckpt:
         restore(checkpoints, ckpt, resume.path, cmd.force_resume)
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
@@ -190,6 +194,18 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
                if ds else None for ds in (data.dataset, val_set)]
     return Run(cfg, weights, optim, data, *loaders, progress, hardware, checkpoints, total, lock, world)
+
+
+def disk_room(cfg: RunConfig, weights: GPTWeights, validates: bool, total: int, ckpt: schema.Checkpoint | None,
+              path: Path | None) -> DiskRoom:
+    """What the run's checkpoints need on its disk: one checkpoint's size from the model and the trained
+    parameters, or the size of the checkpoint resumed (with room for its history to grow)."""
+    if ckpt is not None and path is not None:
+        size = path.stat().st_size + GROWTH
+    else:
+        trained = [p for p in weights.model.parameters() if p.requires_grad]
+        size = checkpoint_bytes(weights.saved_tensors().values(), trained)
+    return DiskRoom(cfg.run_dir, cfg.settings.keep_checkpoints, validates, size, total, cfg.settings.save_interval)
 
 
 def log_summary(run: Run) -> None:
