@@ -18,7 +18,7 @@ from typing import Iterable
 
 import torch
 
-from trainers.checkpoint.step_files import CheckpointManager
+from trainers.checkpoint.step_files import BEST_NAME, CheckpointManager
 from trainers.errors import UserError
 
 log = logging.getLogger("train")
@@ -110,7 +110,7 @@ class DiskRoom:
         """(bytes still to be written at the fullest, free bytes, files at the fullest), given `to_come` saves
         of this invocation; what is there already counts toward the files kept."""
         kept = self.kept_files()
-        step_files = len([p for p in kept if p.name != CheckpointManager(self.run_dir, 0).best_path().name])
+        step_files = len([p for p in kept if p.name != BEST_NAME])
         peak = files_at_peak(self.keep, step_files + to_come, self.best)
         there = sum(p.stat().st_size for p in kept)
         return max(0, peak * self.checkpoint_size - there), free_bytes(self.run_dir), peak
