@@ -174,3 +174,32 @@ def test_campplus_generation_runs_and_starts_with_the_references_argmax():
     stopped = [GPT25["stop_mel_token"] in codes for codes in found]
     assert any(stopped) or all(len(codes) == 10 for codes in found), found
     assert v25().UnifiedVoice is type(c.strict)
+
+
+# ------------------------------------------------------------------------------------------------ fetching the code
+
+def fake_wheel(folder, name: str = "parity_fake", version: str = "1.0") -> str:
+    """A minimal wheel file for pip to find in `folder` (pip download checks names, not contents)."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return str(path)
+
+
+def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
+    from tests.upstream_models import Unavailable, Wheel, download
+
+    fake_wheel(tmp_path / "index")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    wheel = Wheel("parity-fake", "1.0", "0" * 64, "parity_fake", (), ())
+    with pytest.raises(Unavailable, match="not the pinned 0000"):
+        download(wheel, tmp_path / "got")
+    with pytest.raises(Unavailable, match="pip could not fetch parity-fake==2.0"):
+        download(Wheel("parity-fake", "2.0", "0" * 64, "parity_fake", (), ()), tmp_path / "none")
