@@ -1,31 +1,23 @@
 """The merged export of a LoRA run loads strictly into upstream IndexTTS2's `UnifiedVoice`.
 
-Skipped unless upstream's model code imports (as tests/test_generation_parity.py). The base is an upstream
+Upstream's code comes from a pinned wheel (tests/upstream_models.py). The base is an upstream
 `UnifiedVoice` of the demo's sizes with small conditioning encoders, saved as gpt.pth: so the export must
 reproduce every key upstream has, its conditioning encoders included, not only the trainer's own.
 """
 from __future__ import annotations
 
-import pytest
 import torch
 import yaml
 
 from tests.demo_runs import REPO, full_config, train_here
+from tests.upstream_gpt import ENCODER, quiet, v2
 from trainers.checkpoint import schema
 from trainers.tools.export_checkpoint import main as export_main
 
-upstream = pytest.importorskip(
-    "indextts.gpt.model_v2",
-    reason="upstream IndexTTS2 is not installed: git clone https://github.com/index-tts/index-tts and "
-           "pip install -e it (it pins transformers 4.52.1) to load the merged export into its UnifiedVoice")
-
-# Small conformer/perceiver sizes (the parity test's), so the base holds upstream's conditioning encoders at
-# little cost.
-from tests.test_generation_parity import ENCODER  # noqa: E402  (after the skip: that module needs upstream too)
-
 
 def upstream_model(gpt: dict) -> torch.nn.Module:
-    return upstream.UnifiedVoice(**gpt)
+    with quiet():
+        return v2().UnifiedVoice(**gpt)
 
 
 def test_the_merged_export_of_a_lora_run_loads_strictly_into_upstream_unified_voice(demo_assets, tmp_path, capsys):

@@ -334,20 +334,18 @@ def test_existing_wav_files_are_kept_unless_overwrite_is_given(setup, tmp_path, 
 
 
 def test_the_gpt_latent_is_upstreams_forward_over_the_samples_own_conditioning():
-    """Against upstream's real UnifiedVoice (skipped where it does not import; tiny random weights): the
-    forward the command calls accepts its arguments and gives, for each code, the hidden state our model's
+    """Against upstream's real UnifiedVoice (its pinned wheel, tests/upstream_models.py; tiny random weights):
+    the forward the command calls accepts its arguments and gives, for each code, the hidden state our model's
     teacher-forced pass has there, so the latent the s2mel model reads belongs to the codes and their
     conditioning."""
     import torch
 
-    pytest.importorskip("indextts.gpt.model_v2", reason="upstream IndexTTS2 is not installed (see "
-                        "tests/test_generation_parity.py for how to install it)")
     from tests.test_generation import model, texts
-    from tests.test_generation_parity import upstream_model
+    from tests.upstream_gpt import conformer_model
     from trainers.tools.indextts_upstream import gpt_latent
 
     ours = model()
-    uv = upstream_model(ours)
+    uv = conformer_model(ours)
     batch = texts()
     n = int(batch["text_lens"][1])
     text, codes = batch["text_ids"][1, :n], torch.tensor([3, 17, 5, 5, 9, 0, 21])
