@@ -13,6 +13,8 @@ The layers, bottom to top:
   data        trainers.data: manifests, the sample table, features, the step order, loaders
   hardware    trainers.hardware: devices, precision, the micro-batch probe, memory, determinism
   checkpoint  trainers.checkpoint: schema, snapshot, background writer, step files, recovery
+  families    trainers.families: the model families (each a config, model, data and state-dict layout
+              from the layers below) and their registry
   training    trainers.training: optimizer, schedule, log, evaluation, torchrun agreements
   run         trainers.run: a run's directory, inputs, resume and set-up
   app         trainers.main (main()), trainers.loop (the training loop), trainers.cli (the command: flags
@@ -42,6 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data", ("trainers.data",)),
     ("hardware", ("trainers.hardware",)),
     ("checkpoint", ("trainers.checkpoint",)),
+    ("families", ("trainers.families",)),
     ("training", ("trainers.training",)),
     ("run", ("trainers.run",)),
     ("app", ("trainers.main", "trainers.loop", "trainers.cli", "trainers.experiment")),

@@ -353,7 +353,7 @@ def test_the_gpt_latent_is_upstreams_forward_over_the_samples_own_conditioning()
     latent = gpt_latent(types.SimpleNamespace(gpt=uv, device="cpu"), text.numpy(), codes.numpy(), cond.numpy(),
                         emo.numpy())
     with torch.no_grad():
-        _, h_mel, _, _ = ours._teacher_forced(cond[None], emo[None], text[None], torch.tensor([n]), codes[None],
-                                              torch.tensor([7]), None, "upstream")
+        _, h_mel, _, _ = ours._teacher_forced({"condition": cond[None], "emo_vec": emo[None]}, text[None],
+                                              torch.tensor([n]), codes[None], torch.tensor([7]), None, "upstream")
     assert latent.shape == (1, 7, ours.cfg.model_dim)
     torch.testing.assert_close(latent, h_mel[:, :7], rtol=1e-5, atol=1e-5)  # [start, codes...] positions

@@ -26,17 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import sentencepiece as spm
 import torch
 
 from trainers.checkpoint import schema
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.data.data_order import StepPlan
-from trainers.data.features import FeatureDataset, FeatureSpec
+from trainers.data.features import FeatureDataset
 from trainers.data.loader import StepLoader
-from trainers.data.manifest import DataLimits, ManifestError, load_manifests, parse_manifest_spec
+from trainers.data.manifest import ManifestError, load_manifests, parse_manifest_spec
 from trainers.errors import UserError
+from trainers.families import FAMILIES, ModelFamily, family_named
 from trainers.main import main
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import GPTWeights
@@ -122,32 +122,34 @@ class ExperimentManager:
         if path is None:
             raise UserError(f"{run_dir} holds no checkpoint of this trainer")
         ckpt = schema.read(path)
-        gpt = GPTConfig(**ckpt.model_config)
-        model = UnifiedVoiceGPT(gpt)
+        family = family_named(ckpt.model_family, str(path))
+        gpt = family.config(**ckpt.model_config)
+        model = family.build_model(gpt)
         # A LoRA checkpoint holds adapters only: its model is the base it names with them merged (same logits).
-        GPTWeights(model, {}).load_state_dict(merged_state(ckpt, path, None) if ckpt.lora else ckpt.model, path)
-        tokenizer = spm.SentencePieceProcessor(model_file=str(ckpt.settings["tokenizer"]))
-        return LoadedModel(model.to(device).eval(), tokenizer, gpt, ckpt.step, path, torch.device(device))
+        GPTWeights(model, {}, layout=family.layout).load_state_dict(
+            merged_state(ckpt, path, None) if ckpt.lora else ckpt.model, path)
+        tokenizer = family.tokenizer.load(str(ckpt.settings["tokenizer"]))
+        return LoadedModel(model.to(device).eval(), tokenizer, gpt, ckpt.step, path, torch.device(device), family)
 
 
 @dataclass
 class LoadedModel:
     model: UnifiedVoiceGPT
-    tokenizer: spm.SentencePieceProcessor
+    tokenizer: Any  # the family's tokenizer object (IndexTTS2: sentencepiece.SentencePieceProcessor)
     config: GPTConfig
     step: int
     path: Path
     device: torch.device
+    family: ModelFamily = FAMILIES["indextts2"]
 
     def evaluate(self, manifest: str | Path, batch_size: int = 8) -> dict[str, float]:
         """Text and mel loss and mel top-1 accuracy on a manifest, as validation computes them."""
-        limits = DataLimits(self.config.max_text_tokens, self.config.max_mel_tokens)
+        limits = self.family.data_limits(self.config)
         try:
             samples = load_manifests([parse_manifest_spec(str(manifest))], limits, flag="manifest")
         except ManifestError as exc:
             raise UserError(f"{manifest} has problems:\n{exc}") from None
-        dataset = FeatureDataset(samples, FeatureSpec(self.config.model_dim, self.config.number_text_tokens,
-                                                      self.config.start_mel_token))
+        dataset = FeatureDataset(samples, self.family.feature_spec(self.config))
         chunks = [list(range(i, min(i + batch_size, len(samples)))) for i in range(0, len(samples), batch_size)]
         metrics = StepMetrics()
         for batch in StepLoader(dataset, workers=0, pin_memory=False, seed=0).batches([StepPlan(0, 0, chunks)]):

@@ -108,8 +108,7 @@ def train_step(run: Run, plan: StepPlan, batches: Iterator[Batch],
         for j, (batch, packed_len) in enumerate(device_batches(run, own, batches)):
             faults.at("forward", step, j, size=len(batch.ids))
             with autocast_for(run.hardware.device, run.hardware.amp_dtype):
-                sums = run.model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens,
-                                           batch.codes, batch.code_lens, packed_len=packed_len,
+                sums = run.model.loss_sums(**batch.inputs, packed_len=packed_len,
                                            dropout_keys=dropout_keys(settings.seed, step - 1, batch.indices))
                 loss = (settings.text_loss_weight * sums["text_ce"] / text_total
                         + settings.mel_loss_weight * sums["mel_ce"] / mel_total)
@@ -139,7 +138,8 @@ def device_batches(run: Run, own: StepPlan, batches: Iterator[Batch]) -> Iterato
         host_batch = next(batches)
         if host_batch.indices.tolist() != expected:  # the one invariant everything rests on; checked on the host
             raise RuntimeError(f"data loader returned samples {host_batch.indices.tolist()} instead of {expected}")
-        packed_len = packed_length(host_batch.text_lens, host_batch.code_lens)  # from the host copy: no sync
+        # From the host copy: no sync.
+        packed_len = packed_length(host_batch.text_lens, host_batch.code_lens, run.model.prefix_len)
         yield host_batch.to(run.hardware.device, non_blocking=True), packed_len
 
 

@@ -10,7 +10,8 @@ primitives only), made of sections, each the `state_dict()` of the component tha
     data      where the data order stands: epoch, step and samples into it, the order's batch
     progress  optimizer steps done, samples seen, the metrics history, the open log interval's sums
     rng       process RNG states
-    run       what defines the run: identity, settings, model config, fingerprints, vocabulary, versions
+    run       what defines the run: identity, settings, model config, fingerprints, vocabulary, versions,
+              and its model family (trainers/families) unless it is the first, IndexTTS2 2.0
     hardware  how the last steps ran: machine, micro-batch, AMP dtype (informational)
     integrity checksums of everything above, written by `assemble` and checked by `parse`
               (trainers/checkpoint/integrity.py): a flipped byte or an edited field is refused
@@ -45,6 +46,9 @@ LORA_VERSION = 4  # what a LoRA run writes: its model section holds only the tra
 LATEST_VERSION = LORA_VERSION
 FIRST_VERIFIED_VERSION = 3  # formats before it carry no checksums
 CHECKSUMS_VERIFIED = "checksums verified"
+# The model family of a checkpoint whose run section names none: every checkpoint of an IndexTTS2 (2.0) run,
+# those written before families existed included, so a 2.0 run's files are as they were (trainers/families).
+FIRST_FAMILY = "indextts2"
 FORMAT = f"{FORMAT_PREFIX}{VERSION}"
 LORA_FORMAT = f"{FORMAT_PREFIX}{LORA_VERSION}"
 
@@ -66,6 +70,7 @@ _NUMBER = (float, int)
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "progress": {"interval": _DICT,  # the open log interval (trainers/training/train_log.py LogInterval)
                  "stale_validations": _INT},  # validations since the best (early stopping)
+    "run": {"model_family": _STR},  # absent: FIRST_FAMILY
 }
 # Nested fields checked where their field is present.
 NESTED_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
@@ -321,6 +326,11 @@ class Checkpoint:
     @property
     def fingerprints(self) -> dict[str, str]:
         return dict(self.sections["run"]["fingerprints"])
+
+    @property
+    def model_family(self) -> str:
+        """The name of the run's model family (trainers/families); FIRST_FAMILY where the file names none."""
+        return str(self.sections["run"].get("model_family", FIRST_FAMILY))
 
     @property
     def text_tokens(self) -> int:

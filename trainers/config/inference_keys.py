@@ -37,9 +37,10 @@ def value_at(data: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def missing_inference_keys(data: Mapping[str, Any]) -> list[str]:
-    """The INFERENCE_KEYS that `data` lacks (or holds as null), in the list's order."""
-    return [key for key in INFERENCE_KEYS if value_at(data, key) is None]
+def missing_inference_keys(data: Mapping[str, Any], keys: tuple[str, ...] = INFERENCE_KEYS) -> list[str]:
+    """The `keys` (by default IndexTTS2's INFERENCE_KEYS; a model family's) that `data` lacks (or holds as null),
+    in the list's order."""
+    return [key for key in keys if value_at(data, key) is None]
 
 
 def other_model_files(data: Mapping[str, Any]) -> list[str]:

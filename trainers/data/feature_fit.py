@@ -21,7 +21,6 @@ from trainers.data.features import FeatureSpec
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.model.gpt_model import OFFICIAL_MODEL_DIM
-from trainers.model.layout import CONDITION_LEN
 
 FIRST_SAMPLES = 4
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
@@ -56,8 +55,7 @@ def check_features_fit(tables: Sequence[SampleTable], spec: FeatureSpec, config:
     for table in tables:
         for i in range(min(FIRST_SAMPLES, len(table))):
             sample = table[i]
-            for what, path, leading in (("condition", sample.condition_path, (CONDITION_LEN,)),
-                                        ("emo_vec", sample.emo_vec_path, ())):
+            for what, path, leading in spec.model_dim_files(sample):
                 width = _width(path, leading)
                 if width is not None:
                     seen.append((sample.source, what, path, width))

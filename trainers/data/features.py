@@ -3,12 +3,17 @@
 Manifest validation (trainers.data.manifest) only proves the files exist; the
 contents are checked here, when a sample is first read, and every failure
 names the manifest line so the user knows which sample to fix.
+
+A sample becomes named arrays (`FeatureSpec.read`): its text ids and codes, and its model family's
+conditioning inputs (IndexTTS2: `condition` and `emo_vec`); a family with other inputs subclasses
+FeatureSpec (trainers/families). A micro-batch is those arrays as named tensors (`Batch.inputs`),
+which the model takes by name, so a new input is added in its family only.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,9 +37,53 @@ class FeatureError(RuntimeError):
 
 @dataclass(frozen=True)
 class FeatureSpec:
+    """What the model accepts of a sample's files, and how they become named arrays: the IndexTTS2 (2.0)
+    family's .npy text ids and codes, the prompt's conditioning latents [32, D] and emotion vector [D]."""
+
     model_dim: int
     number_text_tokens: int
     max_code: int  # codes must be < max_code (= start_mel_token); larger ids are special tokens
+
+    def read(self, sample: Sample) -> dict[str, np.ndarray]:
+        """The sample's model inputs by name, each checked against its manifest line and the model."""
+        return {"text_ids": self.text_ids(sample), "codes": self.codes(sample), **self.conditioning(sample)}
+
+    def conditioning(self, sample: Sample) -> dict[str, np.ndarray]:
+        """The inputs the model's prefix is made of (UnifiedVoiceGPT.CONDITIONING), by name."""
+        return {"condition": self._condition(sample), "emo_vec": self._emo_vec(sample)}
+
+    def model_dim_files(self, sample: Sample) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(what, path, leading shape) of the sample's files whose last axis is model_dim wide
+        (trainers/data/feature_fit.py compares it with the config's before anything is built)."""
+        return [("condition", sample.condition_path, (CONDITION_LEN,)), ("emo_vec", sample.emo_vec_path, ())]
+
+    def text_ids(self, sample: Sample) -> np.ndarray:
+        path = sample.text_ids_path
+        hint = (
+            f"text ids must be < gpt.number_text_tokens {self.number_text_tokens}; "
+            "the tokenizer probably doesn't match the data (or the config's vocabulary size is wrong)"
+        )
+        array = _load_npy(sample, "text_ids", path)
+        return _int_vector(sample, "text_ids", path, array, sample.text_len, "text_len", self.number_text_tokens, hint)
+
+    def codes(self, sample: Sample) -> np.ndarray:
+        path = sample.codes_path
+        array = _load_npy(sample, "codes", path)
+        if array.ndim == 2 and array.shape[0] == 1:
+            array = array[0]  # [1, N] as saved by batch-of-one extractors
+        hint = f"semantic codes must be < {self.max_code} (start_mel_token); were stop/special tokens saved as data?"
+        # Suspicious trailing runs are reported by the loader in the main process (once per sample).
+        return _int_vector(sample, "codes", path, array, sample.code_len, "code_len", self.max_code, hint)
+
+    def _condition(self, sample: Sample) -> np.ndarray:
+        path = sample.condition_path
+        array = _load_npy(sample, "condition", path)
+        return _float_array(sample, "condition", path, array, (CONDITION_LEN, self.model_dim))
+
+    def _emo_vec(self, sample: Sample) -> np.ndarray:
+        path = sample.emo_vec_path
+        array = _load_npy(sample, "emo_vec", path)
+        return _float_array(sample, "emo_vec", path, array, (self.model_dim,))
 
 
 def _fail(sample: Sample, what: str, path: str, problem: str) -> FeatureError:
@@ -127,58 +176,40 @@ class FeatureDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         sample = self.samples[i]
-        return {
-            "index": sample.index,
-            "id": sample.id,
-            "text_ids": torch.from_numpy(self._text_ids(sample)),
-            "codes": torch.from_numpy(self._codes(sample)),
-            "condition": torch.from_numpy(self._condition(sample)),
-            "emo_vec": torch.from_numpy(self._emo_vec(sample)),
-        }
+        return {"index": sample.index, "id": sample.id,
+                **{name: torch.from_numpy(array) for name, array in self.spec.read(sample).items()}}
 
-    def _text_ids(self, sample: Sample) -> np.ndarray:
-        path = sample.text_ids_path
-        hint = (
-            f"text ids must be < gpt.number_text_tokens {self.spec.number_text_tokens}; "
-            "the tokenizer probably doesn't match the data (or the config's vocabulary size is wrong)"
-        )
-        array = _load_npy(sample, "text_ids", path)
-        return _int_vector(sample, "text_ids", path, array, sample.text_len, "text_len", self.spec.number_text_tokens, hint)
 
-    def _codes(self, sample: Sample) -> np.ndarray:
-        path = sample.codes_path
-        array = _load_npy(sample, "codes", path)
-        if array.ndim == 2 and array.shape[0] == 1:
-            array = array[0]  # [1, N] as saved by batch-of-one extractors
-        hint = f"semantic codes must be < {self.spec.max_code} (start_mel_token); were stop/special tokens saved as data?"
-        # Suspicious trailing runs are reported by the loader in the main process (once per sample).
-        return _int_vector(sample, "codes", path, array, sample.code_len, "code_len", self.spec.max_code, hint)
-
-    def _condition(self, sample: Sample) -> np.ndarray:
-        path = sample.condition_path
-        array = _load_npy(sample, "condition", path)
-        return _float_array(sample, "condition", path, array, (CONDITION_LEN, self.spec.model_dim))
-
-    def _emo_vec(self, sample: Sample) -> np.ndarray:
-        path = sample.emo_vec_path
-        array = _load_npy(sample, "emo_vec", path)
-        return _float_array(sample, "emo_vec", path, array, (self.spec.model_dim,))
+# The inputs every family's model takes besides its conditioning (Batch.inputs).
+SEQUENCE_INPUTS = ("text_ids", "text_lens", "codes", "code_lens")
 
 
 @dataclass
 class Batch:
+    """A micro-batch: its samples, and the model's inputs as named tensors, read as `batch.NAME` too:
+
+    text_ids [B, T] int64, zero padded (the model overwrites padding with stop tokens); text_lens [B] int64;
+    codes [B, M] int64, zero padded; code_lens [B] int64; and the family's conditioning inputs, each the
+    samples' arrays stacked (IndexTTS2: condition [B, 32, D] and emo_vec [B, D], float32).
+    """
+
     indices: torch.Tensor  # [B] int64 sample indices
     ids: list[str]
-    text_ids: torch.Tensor  # [B, T] int64, zero padded (the model overwrites padding with stop tokens)
-    text_lens: torch.Tensor  # [B] int64
-    codes: torch.Tensor  # [B, M] int64, zero padded
-    code_lens: torch.Tensor  # [B] int64
-    condition: torch.Tensor  # [B, 32, D] float32
-    emo_vec: torch.Tensor  # [B, D] float32
+    inputs: dict[str, torch.Tensor]  # model(**inputs) / model.loss_sums(**inputs)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        inputs = self.__dict__.get("inputs")  # not self.inputs: unpickling asks before the fields are set
+        if inputs is not None and name in inputs:
+            return inputs[name]
+        raise AttributeError(f"{type(self).__name__} has no input {name!r}")
+
+    @property
+    def conditioning(self) -> dict[str, torch.Tensor]:
+        """The inputs besides text and codes: what the model's prefix is made of (generation's prompt too)."""
+        return {k: v for k, v in self.inputs.items() if k not in SEQUENCE_INPUTS}
 
     def _map_tensors(self, fn) -> "Batch":
-        moved = {f.name: fn(getattr(self, f.name)) for f in fields(self) if f.name != "ids"}
-        return replace(self, ids=list(self.ids), **moved)
+        return Batch(fn(self.indices), list(self.ids), {k: fn(v) for k, v in self.inputs.items()})
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
@@ -199,18 +230,21 @@ def _pad(rows: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_batch(items: list[dict]) -> Batch:
-    """Stack FeatureDataset items into a zero-padded Batch."""
+    """Stack FeatureDataset items into a zero-padded Batch: text ids and codes padded, with their lengths;
+    every other input stacked (floating ones as float32)."""
     if not items:
         raise ValueError("collate_batch needs at least one item")
     text_rows = [item["text_ids"] for item in items]
     code_rows = [item["codes"] for item in items]
-    return Batch(
-        indices=torch.tensor([item["index"] for item in items], dtype=torch.int64),
-        ids=[item["id"] for item in items],
-        text_ids=_pad(text_rows),
-        text_lens=torch.tensor([row.shape[0] for row in text_rows], dtype=torch.int64),
-        codes=_pad(code_rows),
-        code_lens=torch.tensor([row.shape[0] for row in code_rows], dtype=torch.int64),
-        condition=torch.stack([item["condition"] for item in items]).to(torch.float32),
-        emo_vec=torch.stack([item["emo_vec"] for item in items]).to(torch.float32),
-    )
+    inputs = {
+        "text_ids": _pad(text_rows),
+        "text_lens": torch.tensor([row.shape[0] for row in text_rows], dtype=torch.int64),
+        "codes": _pad(code_rows),
+        "code_lens": torch.tensor([row.shape[0] for row in code_rows], dtype=torch.int64),
+    }
+    for name in items[0]:
+        if name not in ("index", "id", "text_ids", "codes"):
+            stacked = torch.stack([item[name] for item in items])
+            inputs[name] = stacked.to(torch.float32) if stacked.is_floating_point() else stacked
+    return Batch(torch.tensor([item["index"] for item in items], dtype=torch.int64), [item["id"] for item in items],
+                 inputs)

@@ -8,7 +8,7 @@ RUN_DIR/data_cache/train.samples (and val.samples) hold the checked samples as a
   changed the bytes (cp -p, rsync -t, a restored backup) and changes on a touch that did not, and
   the digest costs one read of the files (0.65 s for a 615 MB manifest of a million lines);
 * each manifest's name as given and its folder (feature paths resolve from it), the config's
-  length limits, the flag, and RULES (raise it when a check changes, so old caches are rebuilt);
+  length limits, the model family's line forms (other than IndexTTS2's), the flag, and RULES (raise it when a check changes, so old caches are rebuilt);
 * the feature files' presence: the stat of each folder holding them (trainers.data.feature_folders);
   when a folder changed, every feature file is stat'ed again before the cache is trusted.
 
@@ -36,6 +36,7 @@ from trainers.data.feature_folders import FolderRecord, changed_since, file_stat
 from trainers.data.manifest import (
     DataLimits, ManifestError, ManifestSpec, Validated, manifests_fingerprint, validate_manifests, warn_duplicate_ids,
 )
+from trainers.data.manifest_lines import INDEXTTS2_FORMS
 from trainers.data.sample_table import SampleTable
 from trainers.data.table_file import TableFileError, map_file, read_header, write_table
 
@@ -89,6 +90,8 @@ def cache_key(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str, fing
     where = [[str(s.path), os.path.dirname(os.path.abspath(s.path))] for s in specs]
     described = {"rules": RULES, "flag": flag, "fingerprint": fingerprint, "manifests": where,
                  "limits": [limits.max_text_tokens, limits.max_mel_tokens, limits.prefix_len]}
+    if limits.forms is not INDEXTTS2_FORMS:  # the forms caches were written with before families: keys unchanged
+        described["forms"] = limits.forms.name
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 

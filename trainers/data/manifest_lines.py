@@ -1,4 +1,9 @@
-"""One line of a manifest: its two forms, the checks of its fields, and the table row it becomes.
+"""One line of a manifest: its forms, the checks of its fields, and the table row it becomes.
+
+The forms are a model family's (`ManifestForms`, carried by DataLimits; trainers/families): IndexTTS2's
+paired and single-utterance lines are defined here. A form maps the line's keys onto the table's roles
+(text ids, codes, the prompt's conditioning file, the emotion vector's file); several roles may name one
+file (an archive holding them all).
 
 Feature files are only checked for existence here; their contents are checked when a sample is
 loaded (trainers.data.features). A line that passes every check takes a fast path (check_line's
@@ -8,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from trainers.data.feature_folders import FolderRecord, file_state
 from trainers.data.sample_table import TableBuilder
@@ -17,9 +22,13 @@ from trainers.model.layout import PREFIX_LEN
 
 @dataclass(frozen=True)
 class DataLimits:
+    """What a model family's model accepts of a manifest line: its length limits, and the forms its lines are
+    written in (by default IndexTTS2's)."""
+
     max_text_tokens: int
     max_mel_tokens: int
     prefix_len: int = PREFIX_LEN
+    forms: "ManifestForms" = field(default_factory=lambda: INDEXTTS2_FORMS)
 
     def __post_init__(self) -> None:
         if self.max_text_tokens < 1 or self.max_mel_tokens < 1 or self.prefix_len < 0:
@@ -36,8 +45,8 @@ class DataLimits:
 
 
 @dataclass(frozen=True)
-class _Form:
-    """Field names of one manifest layout, mapped onto Sample's roles."""
+class LineForm:
+    """Field names of one manifest layout, mapped onto Sample's roles (a family's ManifestForms holds its forms)."""
 
     name: str
     text_ids: str
@@ -46,11 +55,12 @@ class _Form:
     code_len: str
     condition: str
     emo_vec: str
+    language: str = "language"  # the optional field naming the sample's language
     required: tuple[str, ...] = ()  # filled in by __post_init__; read once per line
 
     def __post_init__(self) -> None:
         fields_ = ("id", self.text_ids, self.text_len, self.codes, self.code_len, self.condition, self.emo_vec)
-        object.__setattr__(self, "required", fields_)
+        object.__setattr__(self, "required", tuple(dict.fromkeys(fields_)))  # a key naming several roles once
 
     @property
     def path_keys(self) -> tuple[str, str, str, str]:
@@ -59,7 +69,7 @@ class _Form:
 
 # The prompt's emotion vector is what inference uses by default, so paired
 # samples condition on it (target_emo_vec_path is accepted but unused).
-_PAIRED = _Form(
+_PAIRED = LineForm(
     name="paired",
     text_ids="target_text_ids_path",
     text_len="target_text_len",
@@ -68,7 +78,7 @@ _PAIRED = _Form(
     condition="prompt_condition_path",
     emo_vec="prompt_emo_vec_path",
 )
-_SINGLE = _Form(
+_SINGLE = LineForm(
     name="single",
     text_ids="text_ids_path",
     text_len="text_len",
@@ -85,7 +95,7 @@ _FORM_HINT = (
 )
 
 
-def _detect_form(obj: dict[str, Any]) -> _Form | None:
+def _detect_form(obj: dict[str, Any]) -> LineForm | None:
     """Pick the layout a line is written in; partial lines get the closest form
     so the error names their missing fields instead of a vague 'unknown form'."""
     if "prompt_condition_path" in obj and "target_codes_path" in obj:
@@ -95,6 +105,19 @@ def _detect_form(obj: dict[str, Any]) -> _Form | None:
     if not _PAIRED_KEYS.isdisjoint(obj):
         return _PAIRED
     return None
+
+
+@dataclass(frozen=True)
+class ManifestForms:
+    """The line forms of a model family's manifests: `detect` picks a line's form (for a partial line the
+    closest, so the error names its missing fields), `hint` says how the forms are told apart."""
+
+    name: str
+    detect: Callable[[dict[str, Any]], LineForm | None]
+    hint: str
+
+
+INDEXTTS2_FORMS = ManifestForms("indextts2", _detect_form, _FORM_HINT)
 
 
 @dataclass
@@ -193,13 +216,13 @@ def _optional_str(obj: dict[str, Any], key: str) -> tuple[str | None, str | None
     return None, f"{key} must be a string or null, got {value!r} ({_type_name(value)}); fix the manifest line"
 
 
-def _line_problems(obj: Any) -> tuple[_Form | None, str | None]:
+def _line_problems(obj: Any, forms: ManifestForms) -> tuple[LineForm | None, str | None]:
     """Structural checks: an object in a known form with all required fields."""
     if not isinstance(obj, dict):
         return None, f"line is a JSON {_type_name(obj)}, not an object; write one JSON object per line"
-    form = _detect_form(obj)
+    form = forms.detect(obj)
     if form is None:
-        return None, f"neither manifest form recognised ({_FORM_HINT}); fix the field names"
+        return None, f"neither manifest form recognised ({forms.hint}); fix the field names"
     missing = [key for key in form.required if key not in obj]
     if missing:
         return None, f"missing required field(s) {', '.join(missing)} for a {form.name} line; add them or regenerate the manifest"
@@ -219,13 +242,13 @@ def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
     """Add a line that passes every check, without wording anything; False: check it the slow way."""
     if type(obj) is not dict:
         return False
-    form = _detect_form(obj)
+    limits = ctx.check.limits
+    form = limits.forms.detect(obj)
     try:
         sample_id, text_len, code_len = obj["id"], obj[form.text_len], obj[form.code_len]
         raws = [obj[key] for key in form.path_keys]
     except (KeyError, AttributeError):  # AttributeError: no form
         return False
-    limits = ctx.check.limits
     if not (type(sample_id) is str and sample_id and type(text_len) is int and type(code_len) is int
             and 1 <= text_len <= limits.max_text_tokens and 1 <= code_len <= limits.max_mel_tokens
             and limits.positions(text_len, code_len) <= limits.max_positions):
@@ -233,7 +256,7 @@ def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
     for raw in raws:
         if type(raw) is not str or not raw or (raw not in ctx.good and ctx.feature(raw)[1]):
             return False
-    speaker, lang = _name(obj.get("speaker")), _name(obj.get("language"))
+    speaker, lang = _name(obj.get("speaker")), _name(obj.get(form.language))
     if speaker is False or lang is False:
         return False
     ctx.add(sample_id, text_len, code_len, line, lang, speaker, raws)
@@ -246,7 +269,7 @@ def check_line(obj: Any, ctx: FileContext, line: int) -> None:
         return
     src = f"{ctx.name}:{line}"
     check = ctx.check
-    form, problem = _line_problems(obj)
+    form, problem = _line_problems(obj, check.limits.forms)
     if form is None:
         check.problems.append(f"{src}: {problem}")
         return
@@ -265,9 +288,9 @@ def check_line(obj: Any, ctx: FileContext, line: int) -> None:
     sample_id = obj["id"]
     if type(sample_id) is not str or not sample_id:
         problems.append(f"id must be a non-empty string, got {sample_id!r} ({_type_name(sample_id)}); fix the manifest line")
-    problems += (_path_problem(key, obj[key], ctx)[1] for key in form.path_keys)
+    problems += (_path_problem(key, obj[key], ctx)[1] for key in dict.fromkeys(form.path_keys))
     speaker, speaker_problem = _optional_str(obj, "speaker")
-    line_lang, lang_problem = _optional_str(obj, "language")
+    line_lang, lang_problem = _optional_str(obj, form.language)
     problems += (speaker_problem, lang_problem)
     if any(problems):
         check.problems.extend(f"{src}: {p}" for p in problems if p)

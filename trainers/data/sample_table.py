@@ -23,6 +23,8 @@ import numpy as np
 # (-1: none) and the four feature files (indices into the file pool).
 SAMPLE_COLUMNS = ("text_len", "code_len", "manifest", "line", "lang", "speaker",
                   "text_ids", "codes", "condition", "emo_vec")
+# The roles of a sample's files (several may name one archive); "condition" is the prompt's conditioning file,
+# whatever its model family keeps there (IndexTTS2: the [32, D] latents), read by the family's FeatureSpec.
 PATH_ROLES = ("text_ids", "codes", "condition", "emo_vec")
 # String pools: "<name>_data" (UTF-8 bytes end to end) and "<name>_offsets" (int64, one more than strings).
 POOLS = ("id", "file", "folder", "manifest_name", "lang_name", "speaker_name")

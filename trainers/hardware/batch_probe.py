@@ -20,7 +20,6 @@ from trainers.faults import OomInjector
 from trainers.files import write_text_atomically
 from trainers.hardware.oom_recovery import is_out_of_memory, release_memory
 from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
-from trainers.model.layout import CONDITION_LEN
 
 log = logging.getLogger("train")
 
@@ -179,11 +178,11 @@ def _forward_backward(model: UnifiedVoiceGPT, n: int, device: torch.device, amp_
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    batch = _longest_batch(n, model.cfg.model_dim, text_len, code_len, device)
+    batch = _longest_batch(model, n, text_len, code_len, device)
     ctx = torch.autocast(device_type=device.type, dtype=amp_dtype) if amp_dtype else nullcontext()
     for _ in range(passes):
         with ctx:
-            sums = model.loss_sums(*batch, dropout_keys=dropout_keys(0, 0, torch.arange(n, device=device)))
+            sums = model.loss_sums(**batch, dropout_keys=dropout_keys(0, 0, torch.arange(n, device=device)))
         (sums["text_ce"] + sums["mel_ce"]).backward()
         del sums
     if not cuda:
@@ -192,13 +191,14 @@ def _forward_backward(model: UnifiedVoiceGPT, n: int, device: torch.device, amp_
     return torch.cuda.max_memory_allocated(device) - before
 
 
-def _longest_batch(n: int, dim: int, text_len: int, code_len: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    # Memory depends on shapes only, so constant contents are as good as real features.
-    return (
-        torch.zeros(n, CONDITION_LEN, dim, device=device),
-        torch.zeros(n, dim, device=device),
-        torch.zeros(n, text_len, dtype=torch.long, device=device),
-        torch.full((n,), text_len, dtype=torch.long, device=device),
-        torch.zeros(n, code_len, dtype=torch.long, device=device),
-        torch.full((n,), code_len, dtype=torch.long, device=device),
-    )
+def _longest_batch(model: UnifiedVoiceGPT, n: int, text_len: int, code_len: int,
+                   device: torch.device) -> dict[str, torch.Tensor]:
+    """The model's inputs by name for n samples of the longest shapes. Memory depends on shapes only, so
+    constant contents are as good as real features."""
+    return {
+        **model.example_conditioning(n, device),
+        "text_ids": torch.zeros(n, text_len, dtype=torch.long, device=device),
+        "text_lens": torch.full((n,), text_len, dtype=torch.long, device=device),
+        "codes": torch.zeros(n, code_len, dtype=torch.long, device=device),
+        "code_lens": torch.full((n,), code_len, dtype=torch.long, device=device),
+    }

@@ -1,8 +1,9 @@
 """Autoregressive mel-code generation with UnifiedVoiceGPT, as upstream IndexTTS2 inference generates codes
 (`UnifiedVoice.inference_speech`, built by infer_v2 with `kv_cache=True`), from precomputed conditioning.
 
-The sequence: the prefix (the 32 conditioning latents with emo_vec added to each, speed_emb(1), speed_emb(0)),
-the text [start_text] + ids + [stop_text] with text positions 0.., then mel codes from start_mel_token.
+The sequence: the prefix (the model family's `conditioning_prefix`; IndexTTS2's: the 32 conditioning latents
+with emo_vec added to each, speed_emb(1), speed_emb(0)), the text [start_text] + ids + [stop_text] embedded by
+the model's `text_embeddings` with text positions 0.., then mel codes from start_mel_token.
 Logits come from gpt.ln_f, final_norm and mel_head at the last position; generation stops at stop_mel_token
 or after `max_codes` tokens. Samples of different text lengths share a batch, left-padded and masked as
 upstream does, so each sample's codes are those it gets alone.
@@ -38,7 +39,6 @@ import torch
 from trainers.model.code_choice import Generators, Sampling, check_penalty, choose, first_seen
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.kv_cache import KVCache, last_logits
-from trainers.model.layout import CONDITION_LEN
 
 MEL_POSITIONS = ("upstream", "training")
 
@@ -54,15 +54,20 @@ def mel_position(index: int, mel_positions: str) -> int:
     return index + 1 if mel_positions == "upstream" and index > 0 else index
 
 
-def _check(model: UnifiedVoiceGPT, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
+def _check(model: UnifiedVoiceGPT, conditioning: dict[str, torch.Tensor], text_ids: torch.Tensor,
            text_lens: torch.Tensor, max_codes: int, mel_positions: str) -> None:
     cfg = model.cfg
     b = text_ids.shape[0]
     if mel_positions not in MEL_POSITIONS:
         raise ValueError(f"unknown mel_positions {mel_positions!r}; use one of {', '.join(MEL_POSITIONS)}")
-    if tuple(condition.shape) != (b, CONDITION_LEN, cfg.model_dim) or tuple(emo_vec.shape) != (b, cfg.model_dim):
-        raise ValueError(f"condition must be [{b}, {CONDITION_LEN}, {cfg.model_dim}] and emo_vec [{b}, "
-                         f"{cfg.model_dim}] for {b} texts, got {list(condition.shape)} and {list(emo_vec.shape)}")
+    if sorted(conditioning) != sorted(model.CONDITIONING):
+        raise TypeError(f"the model takes the conditioning inputs {', '.join(model.CONDITIONING)} besides text_ids "
+                        f"and text_lens, got {', '.join(conditioning) or 'none'}")
+    expected = {k: list(v.shape) for k, v in model.example_conditioning(b, "meta").items()}
+    got = {k: list(conditioning[k].shape) for k in expected}
+    if got != expected:
+        raise ValueError(" and ".join(f"{k} must be {v}" for k, v in expected.items()) + f" for {b} texts, got "
+                         + " and ".join(str(v) for v in got.values()))
     if text_lens.shape != (b,) or int(text_lens.min()) < 0 or int(text_lens.max()) > text_ids.shape[1]:
         raise ValueError(f"text_lens must hold {b} lengths within text_ids' {text_ids.shape[1]} columns, "
                          f"got {text_lens.tolist()}")
@@ -75,20 +80,22 @@ def _check(model: UnifiedVoiceGPT, condition: torch.Tensor, emo_vec: torch.Tenso
                          f"position table's reach), got {max_codes}")
 
 
-def _prompts(model: UnifiedVoiceGPT, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
-             text_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sample's [prefix | text | start_mel] embeddings, left-padded with zeros: [B, P, D], and the pads."""
+def _prompts(model: UnifiedVoiceGPT, text_ids: torch.Tensor, text_lens: torch.Tensor,
+             **conditioning: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's [prefix | text | start_mel] embeddings, left-padded with zeros: [B, P, D], and the pads.
+    The prefix and the text's embeddings are the model's own (its family's), from the sample's conditioning
+    inputs in the model's dtype."""
     cfg, device = model.cfg, model.mel_head.weight.device
     dtype = model.mel_head.weight.dtype
-    speed = model.speed_emb(torch.tensor([1, 0], device=device))
     start = model.mel_embedding.weight[cfg.start_mel_token] + model.mel_pos_embedding.emb.weight[0]
     rows = []
     for i, n in enumerate(text_lens.tolist()):
         ids = text_ids[i, :n].to(device)
         text = torch.cat([ids.new_tensor([cfg.start_text_token]), ids, ids.new_tensor([cfg.stop_text_token])])
-        text_e = model.text_embedding(text) + model.text_pos_embedding.emb.weight[: n + 2]
-        prefix = condition[i].to(device, dtype) + emo_vec[i].to(device, dtype)
-        rows.append(torch.cat([prefix, speed, text_e, start.unsqueeze(0)]))
+        own = {k: v[i: i + 1].to(device, dtype if v.is_floating_point() else v.dtype) for k, v in conditioning.items()}
+        prefix = model.conditioning_prefix(**own)[0]
+        text_e = model.text_embeddings(text.unsqueeze(0), **own)[0]
+        rows.append(torch.cat([prefix, text_e, start.unsqueeze(0)]))
     longest = max(r.shape[0] for r in rows)
     pad = torch.tensor([longest - r.shape[0] for r in rows], device=device)
     x = torch.stack([torch.cat([r.new_zeros(longest - r.shape[0], r.shape[1]), r]) for r in rows])
@@ -103,8 +110,6 @@ def _mel_input(model: UnifiedVoiceGPT, codes: torch.Tensor, index: int, mel_posi
 
 def generate_codes(
     model: UnifiedVoiceGPT,
-    condition: torch.Tensor,
-    emo_vec: torch.Tensor,
     text_ids: torch.Tensor,
     text_lens: torch.Tensor,
     max_codes: int,
@@ -114,13 +119,15 @@ def generate_codes(
     repetition_penalty: float = 1.0,
     kv_cache: bool = True,
     mel_positions: str = "upstream",
+    **conditioning: torch.Tensor,
 ) -> GeneratedCodes:
     """Mel codes for each of B texts: greedy unless `sampling` is given, which needs `generator` (on the
-    model's device): one, or a list of B, one per text. condition [B,32,D], emo_vec [B,D], text_ids [B,T]
-    (no start/stop), text_lens [B]. `kv_cache=False` recomputes the whole sequence at every step (same codes;
-    for comparisons). Greedy codes do not depend on the batch a sample is in, nor do sampled ones with a
-    generator per text; with one generator the batch draws from it in turn."""
-    _check(model, condition, emo_vec, text_ids, text_lens, max_codes, mel_positions)
+    model's device): one, or a list of B, one per text. text_ids [B,T] (no start/stop), text_lens [B], and the
+    model's conditioning inputs by name (model.CONDITIONING; IndexTTS2: condition [B,32,D], emo_vec [B,D]).
+    `kv_cache=False` recomputes the whole sequence at every step (same codes; for comparisons). Greedy codes do
+    not depend on the batch a sample is in, nor do sampled ones with a generator per text; with one generator
+    the batch draws from it in turn."""
+    _check(model, conditioning, text_ids, text_lens, max_codes, mel_positions)
     check_penalty(repetition_penalty)
     if sampling is not None and generator is None:
         raise ValueError("sampled generation needs a torch.Generator (generator=...): it never draws from the "
@@ -131,17 +138,17 @@ def generate_codes(
     model.eval()
     try:
         with torch.no_grad():
-            return _generate(model, condition, emo_vec, text_ids, text_lens, max_codes, sampling, generator,
+            return _generate(model, conditioning, text_ids, text_lens, max_codes, sampling, generator,
                              repetition_penalty, kv_cache, mel_positions)
     finally:
         model.train(was_training)
 
 
-def _generate(model: UnifiedVoiceGPT, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
+def _generate(model: UnifiedVoiceGPT, conditioning: dict[str, torch.Tensor], text_ids: torch.Tensor,
               text_lens: torch.Tensor, max_codes: int, sampling: Sampling | None, generator: Generators | None,
               penalty: float, kv_cache: bool, mel_positions: str) -> GeneratedCodes:
     cfg = model.cfg
-    x, pad = _prompts(model, condition, emo_vec, text_ids, text_lens)
+    x, pad = _prompts(model, text_ids, text_lens, **conditioning)
     b, device = x.shape[0], x.device
     seen = first_seen(b, cfg.number_mel_codes, cfg.start_mel_token, device) if penalty != 1.0 else None
     cache = KVCache.empty(model, pad, x.shape[1] + max_codes, x.dtype) if kv_cache else None

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainers.model.cross_entropy import summed_cross_entropy
-from trainers.model.layout import PREFIX_LEN
+from trainers.model.layout import CONDITION_LEN, PREFIX_LEN
 from trainers.model.sample_dropout import (
     DEFAULT_MASKS,
     MASK_VERSIONS,
@@ -214,6 +214,18 @@ class LearnedPositionEmbeddings(nn.Module):
 
 
 class UnifiedVoiceGPT(nn.Module):
+    """The IndexTTS2 (2.0) GPT, and the trunk other model families' GPTs extend (trainers/families).
+
+    What differs between families is here as overridable parts: the conditioning inputs a batch brings
+    besides text and codes (`CONDITIONING`, the names of its fields, which forward() and loss_sums() take
+    first), the prefix they become (`conditioning_prefix`, `prefix_len` positions), the modules that make
+    it (`_prefix_modules`), the text positions' embeddings (`text_embeddings`) and an example of the inputs
+    for memory probes (`example_conditioning`). The rest, the blocks, heads, packing and dropout, is shared.
+    """
+
+    CONDITIONING: tuple[str, ...] = ("condition", "emo_vec")
+    prefix_len: int = PREFIX_LEN
+
     def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False, dropout_masks: str = DEFAULT_MASKS,
                  deterministic_loss: bool = False) -> None:
         """`dropout_masks` picks the mask generator ("v1" or "v2", see trainers/model/sample_dropout.py);
@@ -237,12 +249,35 @@ class UnifiedVoiceGPT(nn.Module):
         self.mel_embedding = nn.Embedding(cfg.number_mel_codes, d)
         self.text_pos_embedding = LearnedPositionEmbeddings(cfg.max_text_tokens + 2, d)
         self.mel_pos_embedding = LearnedPositionEmbeddings(cfg.max_mel_tokens + 3, d)
-        self.speed_emb = nn.Embedding(2, d)
+        self._prefix_modules(d)
         self.gpt = GPTStack(cfg)
         self.final_norm = nn.LayerNorm(d, eps=1e-5)
         self.text_head = nn.Linear(d, cfg.number_text_tokens + 1)
         self.mel_head = nn.Linear(d, cfg.number_mel_codes)
         self.apply(_init_weights)
+
+    # -- the family's parts: conditioning prefix and text embeddings --
+
+    def _prefix_modules(self, d: int) -> None:
+        """The modules of the conditioning prefix, registered here (their place fixes the parameters' order)."""
+        self.speed_emb = nn.Embedding(2, d)
+
+    def conditioning_prefix(self, condition: torch.Tensor, emo_vec: torch.Tensor) -> torch.Tensor:
+        """The prefix [B, prefix_len, D]: the 32 conditioning latents [B,32,D] each plus emo_vec [B,D], then
+        speed_emb(1) and speed_emb(0), as upstream's inference_speech builds it."""
+        b = condition.shape[0]
+        speed = self.speed_emb(torch.tensor([1, 0], device=condition.device)).unsqueeze(0).expand(b, -1, -1)
+        return torch.cat([condition + emo_vec.unsqueeze(1), speed.to(condition.dtype)], dim=1)
+
+    def text_embeddings(self, text_in: torch.Tensor, **conditioning: torch.Tensor) -> torch.Tensor:
+        """The embeddings [B, T+2, D] of the text inputs (start, ids, stop), with their positions 0..T+1."""
+        return self.text_embedding(text_in) + self.text_pos_embedding(text_in.shape[1])
+
+    def example_conditioning(self, n: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """Zero conditioning inputs of n samples, of the shapes and dtypes a batch brings (memory probes, checks)."""
+        d = self.cfg.model_dim
+        return {"condition": torch.zeros(n, CONDITION_LEN, d, device=device),
+                "emo_vec": torch.zeros(n, d, device=device)}
 
     # -- inputs --
 
@@ -257,8 +292,7 @@ class UnifiedVoiceGPT(nn.Module):
 
     def hidden_states(
         self,
-        condition: torch.Tensor,
-        emo_vec: torch.Tensor,
+        conditioning: Mapping[str, torch.Tensor],
         text_in: torch.Tensor,
         text_lens: torch.Tensor,
         mel_in: torch.Tensor,
@@ -269,21 +303,20 @@ class UnifiedVoiceGPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Final-normed hidden states at the text and mel input positions: [B,T+2,D], [B,M+2,D].
 
-        `packed_len`: `packed_length(text_lens, code_lens)`, computed by the caller from the host copy
-        of the lengths, so a GPU run does not wait to read it back from the device (else computed here).
+        `conditioning`: the batch's CONDITIONING inputs by name. `packed_len`: `packed_length(text_lens,
+        code_lens, prefix_len)`, computed by the caller from the host copy of the lengths, so a GPU run does not
+        wait to read it back from the device (else computed here).
         """
         if layout == "packed" and packed_len is None:
-            packed_len = _read_packed_length(text_lens, code_lens)
-        b, t2 = text_in.shape
-        m2 = mel_in.shape[1]
-        speed = self.speed_emb(torch.tensor([1, 0], device=text_in.device)).unsqueeze(0).expand(b, -1, -1)
-        prefix = torch.cat([condition + emo_vec.unsqueeze(1), speed.to(condition.dtype)], dim=1)
-        text_e = self.text_embedding(text_in) + self.text_pos_embedding(t2)
+            packed_len = _read_packed_length(text_lens, code_lens, self.prefix_len)
+        t2, m2 = text_in.shape[1], mel_in.shape[1]
+        prefix = self.conditioning_prefix(**conditioning)
+        text_e = self.text_embeddings(text_in, **conditioning)
         mel_e = self.mel_embedding(mel_in) + self.mel_pos_embedding(m2)
         x = torch.cat([prefix.to(text_e.dtype), text_e, mel_e], dim=1)  # upstream order
-        text_pos, mel_pos = _positions(text_lens, code_lens, t2, m2, layout, packed_len)
+        text_pos, mel_pos = _positions(text_lens, code_lens, t2, m2, layout, packed_len, self.prefix_len)
         if layout == "packed":
-            x = _gather_time(x, _packed_source(text_lens, t2, m2, packed_len))
+            x = _gather_time(x, _packed_source(text_lens, t2, m2, packed_len, self.prefix_len))
         p = self.cfg.dropout if self.training else 0.0
         if p > 0 and dropout_keys is None:
             raise ValueError("training with dropout needs dropout_keys (see dropout_keys()); they make masks per sample")
@@ -301,14 +334,40 @@ class UnifiedVoiceGPT(nn.Module):
         x = self.gpt.ln_f(x)
         return self.final_norm(_gather_time(x, text_pos)), self.final_norm(_gather_time(x, mel_pos))
 
-    def _teacher_forced(self, condition, emo_vec, text_ids, text_lens, codes, code_lens, dropout_keys, layout,
+    def _teacher_forced(self, conditioning, text_ids, text_lens, codes, code_lens, dropout_keys, layout,
                         packed_len=None):
         """Hidden states at every input position plus the targets they predict."""
         text_in, text_tgt = self.text_io(text_ids, text_lens)
         mel_in, mel_tgt = self.mel_io(codes, code_lens)
-        h_text, h_mel = self.hidden_states(condition, emo_vec, text_in, text_lens, mel_in, code_lens, dropout_keys, layout,
+        h_text, h_mel = self.hidden_states(conditioning, text_in, text_lens, mel_in, code_lens, dropout_keys, layout,
                                            packed_len)
         return h_text, h_mel, text_tgt, mel_tgt
+
+    def _logits(self, conditioning: Mapping[str, torch.Tensor], text_ids: torch.Tensor, text_lens: torch.Tensor,
+                codes: torch.Tensor, code_lens: torch.Tensor, dropout_keys: torch.Tensor | None,
+                layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() for any family: its conditioning inputs by name."""
+        h_text, h_mel, _, _ = self._teacher_forced(conditioning, text_ids, text_lens, codes, code_lens, dropout_keys,
+                                                   layout)
+        return self.text_head(h_text), self.mel_head(h_mel)
+
+    def _loss_sums(self, conditioning: Mapping[str, torch.Tensor], text_ids: torch.Tensor, text_lens: torch.Tensor,
+                   codes: torch.Tensor, code_lens: torch.Tensor, dropout_keys: torch.Tensor | None,
+                   packed_len: int | None) -> dict[str, torch.Tensor]:
+        """loss_sums() for any family: its conditioning inputs by name."""
+        h_text, h_mel, text_tgt, mel_tgt = self._teacher_forced(conditioning, text_ids, text_lens, codes, code_lens,
+                                                                dropout_keys, "packed", packed_len)
+        t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
+        text_logits = self.text_head(h_text[t_valid]).float()
+        mel_logits = self.mel_head(h_mel[m_valid]).float()
+        mel_targets = mel_tgt[m_valid]
+        return {
+            "text_ce": summed_cross_entropy(text_logits, text_tgt[t_valid], self.deterministic_loss),
+            "mel_ce": summed_cross_entropy(mel_logits, mel_targets, self.deterministic_loss),
+            "text_tokens": t_valid.sum(),
+            "mel_tokens": m_valid.sum(),
+            "mel_correct": (mel_logits.argmax(-1) == mel_targets).sum(),
+        }
 
     def forward(
         self,
@@ -328,9 +387,8 @@ class UnifiedVoiceGPT(nn.Module):
         mel_logits [B,M+2,Nm]; position j predicts target j of `text_io` / `mel_io`.
         With layout="upstream" the numbers match upstream IndexTTS2 on the same weights.
         """
-        h_text, h_mel, _, _ = self._teacher_forced(condition, emo_vec, text_ids, text_lens, codes, code_lens,
-                                                   dropout_keys, layout)
-        return self.text_head(h_text), self.mel_head(h_mel)
+        return self._logits({"condition": condition, "emo_vec": emo_vec}, text_ids, text_lens, codes, code_lens,
+                            dropout_keys, layout)
 
     def loss_sums(
         self,
@@ -349,19 +407,8 @@ class UnifiedVoiceGPT(nn.Module):
         gradient does not depend on how the step's samples are split into micro-batches.
         Heads run on valid positions only, which saves the padded part of the big mel logits.
         """
-        h_text, h_mel, text_tgt, mel_tgt = self._teacher_forced(condition, emo_vec, text_ids, text_lens, codes,
-                                                                code_lens, dropout_keys, "packed", packed_len)
-        t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
-        text_logits = self.text_head(h_text[t_valid]).float()
-        mel_logits = self.mel_head(h_mel[m_valid]).float()
-        mel_targets = mel_tgt[m_valid]
-        return {
-            "text_ce": summed_cross_entropy(text_logits, text_tgt[t_valid], self.deterministic_loss),
-            "mel_ce": summed_cross_entropy(mel_logits, mel_targets, self.deterministic_loss),
-            "text_tokens": t_valid.sum(),
-            "mel_tokens": m_valid.sum(),
-            "mel_correct": (mel_logits.argmax(-1) == mel_targets).sum(),
-        }
+        return self._loss_sums({"condition": condition, "emo_vec": emo_vec}, text_ids, text_lens, codes, code_lens,
+                               dropout_keys, packed_len)
 
 
 def _init_weights(module: nn.Module) -> None:
@@ -390,40 +437,41 @@ def _gather_time(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
-def _packed_source(text_lens: torch.Tensor, t2: int, m2: int, seq_len: int) -> torch.Tensor:
+def _packed_source(text_lens: torch.Tensor, t2: int, m2: int, seq_len: int, prefix_len: int) -> torch.Tensor:
     """For each packed position, its position in the upstream [prefix|text|mel] order."""
     p = torch.arange(seq_len, device=text_lens.device).unsqueeze(0)
-    mel_start_packed = PREFIX_LEN + text_lens.unsqueeze(1) + 2
-    from_mel = PREFIX_LEN + t2 + (p - mel_start_packed)
+    mel_start_packed = prefix_len + text_lens.unsqueeze(1) + 2
+    from_mel = prefix_len + t2 + (p - mel_start_packed)
     # Tail padding reads some mel padding; causality keeps it out of every real position.
-    return torch.where(p < mel_start_packed, p, from_mel).clamp(max=PREFIX_LEN + t2 + m2 - 1)
+    return torch.where(p < mel_start_packed, p, from_mel).clamp(max=prefix_len + t2 + m2 - 1)
 
 
-def packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor) -> int:
+def packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor, prefix_len: int = PREFIX_LEN) -> int:
     """The packed sequence length of a batch: its longest prefix + text + codes, with start and stop
-    tokens. Reading it is a host-device synchronisation when the lengths live on a GPU."""
-    return int((PREFIX_LEN + text_lens + 2 + code_lens + 2).max())
+    tokens (`prefix_len`: the model's, UnifiedVoiceGPT.prefix_len). Reading it is a host-device
+    synchronisation when the lengths live on a GPU."""
+    return int((prefix_len + text_lens + 2 + code_lens + 2).max())
 
 
-def _read_packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor) -> int:
+def _read_packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor, prefix_len: int = PREFIX_LEN) -> int:
     """The model's own reading of the packed length, where the caller did not pass it (a sync on a GPU)."""
-    return packed_length(text_lens, code_lens)
+    return packed_length(text_lens, code_lens, prefix_len)
 
 
 def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: int, layout: str,
-               packed_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               packed_len: int | None = None, prefix_len: int = PREFIX_LEN) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence positions of the text and mel inputs of every sample in the chosen layout."""
     b = text_lens.shape[0]
     j_text = torch.arange(t2, device=text_lens.device).unsqueeze(0).expand(b, -1)
     j_mel = torch.arange(m2, device=text_lens.device).unsqueeze(0).expand(b, -1)
     if layout == "upstream":
-        return PREFIX_LEN + j_text, PREFIX_LEN + t2 + j_mel
+        return prefix_len + j_text, prefix_len + t2 + j_mel
     if layout != "packed":
         raise ValueError(f"unknown layout {layout!r}; use 'packed' or 'upstream'")
-    seq_len = packed_len if packed_len is not None else _read_packed_length(text_lens, code_lens)
+    seq_len = packed_len if packed_len is not None else _read_packed_length(text_lens, code_lens, prefix_len)
     # Positions past a sample's own length point at padding; their targets are ignored.
-    text_pos = (PREFIX_LEN + j_text).clamp(max=seq_len - 1)
-    mel_pos = (PREFIX_LEN + text_lens.unsqueeze(1) + 2 + j_mel).clamp(max=seq_len - 1)
+    text_pos = (prefix_len + j_text).clamp(max=seq_len - 1)
+    mel_pos = (prefix_len + text_lens.unsqueeze(1) + 2 + j_mel).clamp(max=seq_len - 1)
     return text_pos, mel_pos
 
 

@@ -1,13 +1,15 @@
 """The text vocabulary: the tokenizer's size, and whether one tokenizer extends another.
 
 The text embedding and head are indexed by tokenizer ids, so a run is tied to its tokenizer:
-a checkpoint's rows only mean something with the pieces it was trained with.
+a checkpoint's rows only mean something with the pieces it was trained with. Which tokenizer a
+model family uses is its `TokenizerAdapter` (trainers/families); IndexTTS2's is SentencePiece.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import sentencepiece as spm
 
@@ -52,3 +54,32 @@ def check_extends(old_path: str | None, new_path: str, checkpoint: Path) -> None
                 f"--tokenizer {new_path} is not an extension of {old_path}, which {checkpoint} was trained with: id {i} "
                 f"is {new.id_to_piece(i)!r} there but {old.id_to_piece(i)!r} in the original. Extend the original with "
                 "tools/tokenizer/extend_bpe.py so existing ids keep their meaning")
+
+
+class TokenizerAdapter(Protocol):
+    """A model family's tokenizer: what --tokenizer names, its size, whether one extends another, the
+    library's own tokenizer object (for the experiment API)."""
+
+    kind: str  # what --tokenizer takes, for messages: "SentencePiece model"
+
+    def size(self, path: str | None) -> int: ...
+
+    def check_extends(self, old_path: str | None, new_path: str, checkpoint: Path) -> None: ...
+
+    def load(self, path: str) -> Any: ...
+
+
+@dataclass(frozen=True)
+class SentencePieceTokenizer:
+    """IndexTTS2's tokenizer (bpe.model), through the functions above."""
+
+    kind: str = "SentencePiece model"
+
+    def size(self, path: str | None) -> int:
+        return tokenizer_size(path)
+
+    def check_extends(self, old_path: str | None, new_path: str, checkpoint: Path) -> None:
+        check_extends(old_path, new_path, checkpoint)
+
+    def load(self, path: str) -> spm.SentencePieceProcessor:
+        return spm.SentencePieceProcessor(model_file=path)

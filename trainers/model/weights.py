@@ -3,7 +3,9 @@ trained model with its carried tensors as one checkpoint section.
 
 The official state dict holds three groups of keys: the training path's tensors (group A,
 the trainer's model), conditioning-encoder tensors inference needs but training does not
-use (group B, carried through unchanged), and keys upstream drops on load.
+use (group B, carried through unchanged), and keys upstream drops on load. Which prefix is in
+which group is a model family's (`StateLayout`, trainers/families); the functions here take
+the layout and default to IndexTTS2's (2.0).
 
 The text embedding and text head have Nt+1 rows: ids 0..Nt-1 are tokens and row Nt is an
 extra row no token id reaches. With a larger tokenizer (N > Nt pieces) ids 0..Nt-1 keep their
@@ -42,6 +44,20 @@ DROPPED_PREFIXES = ("inference_model.", "gpt.wte.")
 StateDict = dict[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class StateLayout:
+    """A model family's upstream state dict: which keys its model trains (group A, under these namespaces),
+    which it carries unchanged for inference (group B) and which upstream drops on load."""
+
+    model_namespaces: tuple[str, ...]
+    carried_prefixes: tuple[str, ...]
+    dropped_prefixes: tuple[str, ...]
+    text_row_keys: tuple[str, ...] = TEXT_ROW_KEYS
+
+
+INDEXTTS2_LAYOUT = StateLayout(MODEL_NAMESPACES, CARRIED_PREFIXES, DROPPED_PREFIXES)
+
+
 def first_non_finite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     for name, t in named:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -56,7 +72,8 @@ def strip_module_prefix(state: Mapping[str, torch.Tensor]) -> tuple[StateDict, b
     return dict(state), False
 
 
-def split_state_dict(state: Mapping[str, torch.Tensor]) -> tuple[StateDict, StateDict, list[str]]:
+def split_state_dict(state: Mapping[str, torch.Tensor], layout: StateLayout = INDEXTTS2_LAYOUT,
+                     ) -> tuple[StateDict, StateDict, list[str]]:
     """Split an official-format state dict into (group-A candidates, carried group-B keys, dropped keys).
 
     Accepts DDP-style "module." prefixes. The caller decides what to do with candidates the
@@ -65,9 +82,9 @@ def split_state_dict(state: Mapping[str, torch.Tensor]) -> tuple[StateDict, Stat
     state, _ = strip_module_prefix(state)
     trained, carried, dropped = {}, {}, []
     for key, value in state.items():
-        if key.startswith(DROPPED_PREFIXES) or key.endswith((".attn.bias", ".attn.masked_bias")):
+        if key.startswith(layout.dropped_prefixes) or key.endswith((".attn.bias", ".attn.masked_bias")):
             dropped.append(key)
-        elif key.startswith(CARRIED_PREFIXES):
+        elif key.startswith(layout.carried_prefixes):
             carried[key] = value
         else:
             trained[key] = value
@@ -130,13 +147,14 @@ class BaseWeights:
 
 
 def check_base_fits(path: Path, state: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
-                    report_unknown: bool = True) -> tuple[StateDict, StateDict, list[str], int]:
-    """Split `state` and check that it fits a model whose state dict is `own` (shapes only: a model on
-    the meta device will do). Returns (trained, carried, dropped, base text tokens); UserError if not."""
-    trained, carried, dropped = split_state_dict(state)
+                    report_unknown: bool = True, layout: StateLayout = INDEXTTS2_LAYOUT,
+                    ) -> tuple[StateDict, StateDict, list[str], int]:
+    """Split `state` by `layout` and check that it fits a model whose state dict is `own` (shapes only: a model
+    on the meta device will do). Returns (trained, carried, dropped, base text tokens); UserError if not."""
+    trained, carried, dropped = split_state_dict(state, layout)
     # Keys in the model's own namespaces that it lacks (e.g. extra layers) mean the config does
     # not match; anything else is unknown to us and is carried through rather than lost.
-    unexpected = sorted(k for k in set(trained) - set(own) if k.startswith(MODEL_NAMESPACES))
+    unexpected = sorted(k for k in set(trained) - set(own) if k.startswith(layout.model_namespaces))
     for key in sorted(set(trained) - set(own) - set(unexpected)):
         if report_unknown:
             log.warning("base checkpoint key %s is not part of the trained model; it is carried into saved "
@@ -159,7 +177,7 @@ def check_base_fits(path: Path, state: Mapping[str, torch.Tensor], own: Mapping[
     mismatched = [
         f"  {k}: checkpoint {tuple(trained[k].shape)}, model {tuple(own[k].shape)}"
         for k in sorted(set(trained) & set(own))
-        if _shape_mismatch(k, trained[k].shape, own[k].shape)
+        if _shape_mismatch(k, trained[k].shape, own[k].shape, layout)
     ]
     if missing or mismatched or unexpected:
         lines = [f"--base-checkpoint {path} does not fit the model built from --config:"]
@@ -171,13 +189,14 @@ def check_base_fits(path: Path, state: Mapping[str, torch.Tensor], own: Mapping[
     return trained, carried, dropped, base_tokens
 
 
-def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Tensor] | None = None) -> BaseWeights:
+def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Tensor] | None = None,
+                      layout: StateLayout = INDEXTTS2_LAYOUT) -> BaseWeights:
     """Load `path` (or its already read `state`) into `model`, extending the text rows if needed."""
     own = model.state_dict()
     trained, carried, dropped, base_tokens = check_base_fits(path, read_state_dict(path) if state is None else state,
-                                                             own)
+                                                             own, layout=layout)
     new_tokens = own["text_embedding.weight"].shape[0] - 1
-    for key in TEXT_ROW_KEYS:
+    for key in layout.text_row_keys:
         trained[key] = resize_text_rows(trained[key], new_tokens)
     model.load_state_dict(trained, strict=True)
     if new_tokens > base_tokens:
@@ -187,9 +206,9 @@ def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Te
                        new_text_rows=new_tokens - base_tokens)
 
 
-def _shape_mismatch(key: str, ckpt: torch.Size, model: torch.Size) -> bool:
+def _shape_mismatch(key: str, ckpt: torch.Size, model: torch.Size, layout: StateLayout) -> bool:
     # Text rows may differ in number (vocabulary extension), never in width.
-    return ckpt[1:] != model[1:] if key in TEXT_ROW_KEYS else ckpt != model
+    return ckpt[1:] != model[1:] if key in layout.text_row_keys else ckpt != model
 
 
 def resize_text_rows(base: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -214,6 +233,7 @@ class GPTWeights:
     # A LoRA run's trained tensors (adapters, extended text rows): its checkpoints hold these alone, the base
     # being named by path and sha256 in the run section. None: full fine-tuning, the whole model is saved.
     trained_keys: tuple[str, ...] | None = None
+    layout: StateLayout = INDEXTTS2_LAYOUT  # the model family's (trainers/families)
 
     def saved_tensors(self) -> StateDict:
         """The tensors of the model section where they live (state_dict() copies them to the CPU)."""
@@ -231,7 +251,7 @@ class GPTWeights:
 
     def fit_problems(self, state: Mapping[str, torch.Tensor], source: Path | str) -> UserError | None:
         """Why a saved model section cannot be loaded into this model (None: it can)."""
-        trained, _, _ = split_state_dict(state)
+        trained, _, _ = split_state_dict(state, self.layout)
         own = self.model.state_dict()
         if self.trained_keys is not None:
             own = {k: own[k] for k in self.trained_keys}
@@ -251,7 +271,7 @@ class GPTWeights:
         refusal = self.fit_problems(state, source)
         if refusal is not None:
             raise refusal
-        trained, carried, _ = split_state_dict(state)
+        trained, carried, _ = split_state_dict(state, self.layout)
         if self.trained_keys is not None:  # the base was loaded from its file: only the trained tensors come back
             self.model.load_state_dict({k: trained[k] for k in self.trained_keys}, strict=False)
             return

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import torch
 
-from trainers.data.features import FeatureDataset, FeatureSpec
+from trainers.data.features import FeatureDataset
 from trainers.data.train_data import TrainData
 from trainers.model.frozen_rows import FrozenTextRows
-from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.config.settings import TrainConfig
 from trainers.model.lora import LoraSettings, add_adapters, is_adapter_key
-from trainers.model.weights import TEXT_ROW_KEYS, GPTWeights, load_base_weights
+from trainers.model.weights import GPTWeights, load_base_weights
 from trainers.run.inputs import RunInputs
 from trainers.run.resolve import RunConfig
 from trainers.training.lr_schedule import LRSchedule
@@ -25,12 +24,12 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: tor
     """The model, on `device`: with the base checkpoint's weights at step 0; a resume loads its own
     (trainers/run/resume.py restore). A LoRA run loads the base on resume too: its checkpoints hold
     only what it trains (add_lora)."""
-    model = UnifiedVoiceGPT(cfg.gpt, gradient_checkpointing=cfg.settings.grad_checkpointing,
-                            dropout_masks=cfg.settings.dropout_masks, deterministic_loss=cfg.settings.deterministic)
-    weights = GPTWeights(model, {})
+    model = cfg.family.build_model(cfg.gpt, gradient_checkpointing=cfg.settings.grad_checkpointing,
+                                   dropout_masks=cfg.settings.dropout_masks, deterministic_loss=cfg.settings.deterministic)
+    weights = GPTWeights(model, {}, layout=cfg.family.layout)
     lora = lora_settings(cfg.settings)
     if inputs.base_state is not None and (not resuming or lora):
-        base = load_base_weights(Path(cfg.settings.base_checkpoint), model, inputs.base_state)
+        base = load_base_weights(Path(cfg.settings.base_checkpoint), model, inputs.base_state, cfg.family.layout)
         weights.carried = base.carried
         log.info("loaded --base-checkpoint %s: %d tensors carried unchanged, %d dropped", cfg.settings.base_checkpoint,
                  len(base.carried), len(base.dropped))
@@ -64,9 +63,9 @@ def add_lora(weights: GPTWeights, lora: LoraSettings, cfg: RunConfig) -> None:
     adapted = add_adapters(weights.model, lora, cfg.settings.seed)
     trained = [k for k, _ in weights.model.named_parameters() if is_adapter_key(k)]
     if cfg.vocab.extended:
-        for key in TEXT_ROW_KEYS:
+        for key in weights.layout.text_row_keys:
             weights.model.get_parameter(key).requires_grad_(True)
-        trained += list(TEXT_ROW_KEYS)
+        trained += list(weights.layout.text_row_keys)
     weights.trained_keys = tuple(trained)
     log.info("LoRA: rank %d, alpha %g (scale %g), adapter dropout %g on %d projections (%s); the base weights are "
              "frozen%s", lora.rank, lora.alpha, lora.scale, lora.dropout, len(adapted), ",".join(lora.targets),
@@ -81,7 +80,7 @@ def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dty
 
 
 def build_data(cfg: RunConfig, inputs: RunInputs) -> tuple[TrainData, FeatureDataset | None]:
-    spec = FeatureSpec(cfg.gpt.model_dim, cfg.gpt.number_text_tokens, cfg.gpt.start_mel_token)
+    spec = cfg.family.feature_spec(cfg.gpt)
     train = TrainData(inputs.train_samples, spec, cfg.settings.seed, cfg.settings.effective_batch,
                       grouped=cfg.settings.data_order == "grouped", train_samples=cfg.settings.train_samples)
     val = FeatureDataset(inputs.val_samples, spec) if inputs.val_samples else None

@@ -16,16 +16,14 @@ import torch
 
 from trainers.config.config_yaml import read_config_yaml
 from trainers.config.settings import BASE_FINGERPRINT, TrainConfig
-from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.feature_fit import check_features_fit
-from trainers.data.features import FeatureSpec
-from trainers.data.manifest import DataLimits, ManifestError, parse_manifest_spec
+from trainers.data.manifest import ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
+from trainers.families import FAMILIES, ModelFamily, family_for_config
 from trainers.files import dict_sha256, file_sha256, os_error_in_chain
-from trainers.model.demo_base import ensure_demo_base
-from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+from trainers.model.gpt_model import GPTConfig
 from trainers.model.weights import StateDict, check_base_fits, read_state_dict, refuse_bad_values
 
 log = logging.getLogger("train")
@@ -42,18 +40,21 @@ class RunInputs:
     fingerprints: dict[str, str]
     base_state: StateDict | None  # --base-checkpoint's tensors, read once
     checked: tuple[CheckedManifests, ...] = ()  # their validated-manifest caches, written once the run is locked
+    family: ModelFamily = FAMILIES["indextts2"]
 
     def save_manifest_caches(self) -> None:
         for manifests in self.checked:
             manifests.save()
 
 
-def read_model_yaml(path: str) -> dict[str, Any]:
+def read_model_yaml(path: str, family: ModelFamily | None = None) -> dict[str, Any]:
+    """The config.yaml, its gpt section checked for `family` (by default the family the config belongs to)."""
     data = read_config_yaml(path, f"--config {path}", _config_advice(Path(path)))
+    family = family or family_for_config(data)
     # Checked as soon as it is read: --demo builds its corpus from these values before the model config is.
     # number_text_tokens may be absent: the tokenizer's size replaces it.
-    _raise_config_problems(path, GPTConfig.section_problems(data["gpt"], supplied=("number_text_tokens",))
-                           + _misspelt_keys(data["gpt"]))
+    _raise_config_problems(path, family.config.section_problems(data["gpt"], supplied=("number_text_tokens",))
+                           + _misspelt_keys(data["gpt"], family))
     return data
 
 
@@ -68,17 +69,12 @@ def _config_advice(path: Path) -> str:
     return "pass the IndexTTS2 config.yaml"
 
 
-# gpt keys of the official config that only inference uses (the conditioning encoders, the mel front end).
-INFERENCE_GPT_KEYS = frozenset({"use_mel_codes_as_input", "mel_length_compression", "train_solo_embeddings",
-                                "condition_type", "condition_module", "emo_condition_module"})
-
-
-def _misspelt_keys(section: dict[str, Any]) -> list[str]:
+def _misspelt_keys(section: dict[str, Any], family: ModelFamily) -> list[str]:
     """A gpt key that is neither ours nor upstream's but close to one of ours is a typo that would
     silently train with the other value (or the default): refused. Other unknown keys are kept, with a warning."""
-    ours = {f.name for f in fields(GPTConfig)}
+    ours = {f.name for f in fields(family.config)}
     problems = []
-    for key in sorted(set(map(str, section)) - ours - INFERENCE_GPT_KEYS):
+    for key in sorted(set(map(str, section)) - ours - family.inference_gpt_keys):
         close = difflib.get_close_matches(key, sorted(ours), n=1, cutoff=0.8)
         if close:
             problems.append(f"gpt.{key} is not a setting; did you mean gpt.{close[0]}? (as written, it would be "
@@ -95,17 +91,16 @@ def _raise_config_problems(path: str, problems: list[str]) -> None:
                                     "fix the gpt section of that file; nothing was written"]))
 
 
-def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
+def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], family: ModelFamily) -> None:
     """With --demo, generate the built-in corpus, tokenizer and base checkpoint where the settings expect them."""
     root = Path(cfg.output_dir) / DEMO_DATA_DIR
     paths = [*cfg.train_manifests, *cfg.val_manifests, cfg.tokenizer, cfg.base_checkpoint]
     if not cfg.demo or not any(p and Path(p).parent == root for p in paths):
         return
-    gpt = model_config(model_yaml["gpt"], cfg.config)  # the demo's tokenizer is trained to its number_text_tokens
+    # The demo's tokenizer is trained to the config's number_text_tokens.
+    gpt = model_config(model_yaml["gpt"], cfg.config, family)
     try:
-        ensure_demo_assets(root, DemoCorpusSpec(model_dim=gpt.model_dim, vocab_size=gpt.number_text_tokens,
-                                                num_codes=gpt.start_mel_token))
-        ensure_demo_base(root, gpt)
+        family.make_demo(root, gpt)
     except FileExistsError as exc:  # a folder of someone else's files where the corpus goes
         raise UserError(f"{exc} (nothing was trained)") from None
     except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
@@ -117,9 +112,9 @@ def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any]) -> None:
 
 
 def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str,
-                read_base: bool = True) -> RunInputs:
-    gpt = gpt_config(model_yaml, cfg, text_tokens)
-    limits = DataLimits(gpt.max_text_tokens, gpt.max_mel_tokens)
+                family: ModelFamily, read_base: bool = True) -> RunInputs:
+    gpt = gpt_config(model_yaml, cfg, text_tokens, family)
+    limits = family.data_limits(gpt)
     run_dir = Path(cfg.output_dir)
     try:
         train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
@@ -133,8 +128,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         log.warning("no --val-manifest given: validation is skipped; pass one to track over-fitting")
     log.info("data: %d training samples from %d manifest(s), %d validation samples", len(train.table),
              len(train_specs), len(val.table) if val else 0)
-    spec = FeatureSpec(gpt.model_dim, gpt.number_text_tokens, gpt.start_mel_token)
-    check_features_fit([train.table, *([val.table] if val else [])], spec, cfg.config)
+    check_features_fit([train.table, *([val.table] if val else [])], family.feature_spec(gpt), cfg.config)
     fingerprints = {
         "data": train.fingerprint,
         "tokenizer": tokenizer_sha,
@@ -147,10 +141,10 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     if base_state is not None:
         refuse_bad_values(base_state, Path(cfg.base_checkpoint))
         with torch.device("meta"):  # shapes only: the check costs no memory and writes nothing
-            check_base_fits(Path(cfg.base_checkpoint), base_state, UnifiedVoiceGPT(gpt).state_dict(),
-                            report_unknown=False)  # said once, when the weights are loaded
+            check_base_fits(Path(cfg.base_checkpoint), base_state, family.build_model(gpt).state_dict(),
+                            report_unknown=False, layout=family.layout)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train.table, val.table if val else None, fingerprints, base_state,
-                     (train, *([val] if val else [])))
+                     (train, *([val] if val else [])), family)
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:
@@ -162,9 +156,9 @@ def tokenizer_sha256(path: str) -> str:
     return file_sha256(Path(path))
 
 
-def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int) -> GPTConfig:
+def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int, family: ModelFamily) -> GPTConfig:
     section = model_yaml["gpt"]
-    gpt = model_config(section, cfg.config, number_text_tokens=text_tokens, dropout=cfg.dropout)
+    gpt = model_config(section, cfg.config, family, number_text_tokens=text_tokens, dropout=cfg.dropout)
     configured = section.get("number_text_tokens")
     if configured is not None and configured != text_tokens:
         log.info("the tokenizer has %d pieces, --config says gpt.number_text_tokens %s: the model uses %d",
@@ -172,9 +166,9 @@ def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int) -
     return gpt
 
 
-def model_config(section: dict[str, Any], path: str, **overrides: Any) -> GPTConfig:
+def model_config(section: dict[str, Any], path: str, family: ModelFamily, **overrides: Any) -> GPTConfig:
     try:
-        return GPTConfig.from_yaml_section(section, **overrides)
+        return family.read_config(section, **overrides)
     except ValueError as exc:
         _raise_config_problems(path, str(exc).splitlines())
         raise

@@ -19,7 +19,7 @@ import torch
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig
 from trainers.files import write_bytes_atomically
-from trainers.model.vocabulary import check_extends
+from trainers.model.vocabulary import TokenizerAdapter
 from trainers.run.run_dir import SavedRun, newest_checkpoint
 
 log = logging.getLogger("train")
@@ -38,7 +38,7 @@ def is_lora_branch(settings: TrainConfig, saved: SavedRun | None, run_dir: Path)
 
 
 def start_lora_branch(cmd: CommandLine, settings: TrainConfig, saved: SavedRun, run_dir: Path,
-                      text_tokens: int) -> tuple[TrainConfig, str]:
+                      text_tokens: int, tokenizer: TokenizerAdapter) -> tuple[TrainConfig, str]:
     """Write the full checkpoint's model as the branch's base; the LoRA run starts at step 0 from it.
 
     Returns the branch's settings (its base: the written file) and the line its history records.
@@ -48,7 +48,7 @@ def start_lora_branch(cmd: CommandLine, settings: TrainConfig, saved: SavedRun, 
     ckpt, source = saved.checkpoint, saved.path
     assert ckpt is not None and source is not None
     if text_tokens != ckpt.text_tokens:  # a longer tokenizer: new rows train beside the adapters
-        check_extends(saved.settings.get("tokenizer"), settings.tokenizer, source)
+        tokenizer.check_extends(saved.settings.get("tokenizer"), settings.tokenizer, source)
     base = run_dir / BRANCH_BASE_NAME
     buffer = io.BytesIO()
     torch.save({"model": ckpt.section("model")}, buffer)  # the model section is already the upstream layout

@@ -22,10 +22,11 @@ from trainers.config.settings import (
 )
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
+from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
 from trainers.hardware.detect import library_versions
 from trainers.model.demo_base import BASE_NAME
 from trainers.model.gpt_model import GPTConfig
-from trainers.model.vocabulary import Vocabulary, check_extends, tokenizer_size
+from trainers.model.vocabulary import Vocabulary
 from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
     DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
@@ -50,10 +51,14 @@ class RunConfig:
     vocab: Vocabulary
     fingerprints: dict[str, str]
     model_yaml: dict[str, Any]
+    family: ModelFamily = FAMILIES["indextts2"]  # the model family (trainers/families)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "config": self.settings.to_dict(), "model_config": self.gpt.to_dict(),
-                "fingerprints": dict(self.fingerprints), "vocab": self.vocab.to_dict(), "versions": library_versions()}
+        state = {"run_id": self.run_id, "config": self.settings.to_dict(), "model_config": self.gpt.to_dict(),
+                 "fingerprints": dict(self.fingerprints), "vocab": self.vocab.to_dict(), "versions": library_versions()}
+        if self.family is not next(iter(FAMILIES.values())):  # the first family's runs save what they always did
+            state["model_family"] = self.family.name
+        return state
 
 
 @dataclass(frozen=True)
@@ -70,19 +75,21 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     located = locate_inputs(cmd.data_roots, cmd.given, settings, saved, run_dir)  # the run or its data moved
     settings = located.settings
     model_yaml = read_model_yaml(settings.config)
-    ensure_demo_inputs(settings, model_yaml)
-    text_tokens = tokenizer_size(settings.tokenizer)
+    family = run_family(model_yaml, saved, settings.config)
+    ensure_demo_inputs(settings, model_yaml, family)
+    text_tokens = family.tokenizer.size(settings.tokenizer)
     lora_branch = None
     if is_lora_branch(settings, saved, run_dir):
         assert saved is not None
-        settings, lora_branch = start_lora_branch(cmd, settings, saved, run_dir, text_tokens)
+        settings, lora_branch = start_lora_branch(cmd, settings, saved, run_dir, text_tokens,
+                                                     family.tokenizer)
         saved = None
     elif saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
-        settings = _weights_only_start(cmd, settings, saved, text_tokens)
+        settings = _weights_only_start(cmd, settings, saved, text_tokens, family)
         saved = None
     # A resumed full checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
     # A LoRA checkpoint holds only what the run trains: its base is read on resume too.
-    inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer),
+    inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer), family,
                          read_base=not (saved and saved.checkpoint) or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
@@ -101,8 +108,19 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     check_horizon(train, n_train)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
-    return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
+    return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
                       inputs, saved, branch_of)
+
+
+def run_family(model_yaml: dict[str, Any], saved: SavedRun | None, config: str) -> ModelFamily:
+    """The model family of the run: its config's, which must be the family of the checkpoint it continues."""
+    family = family_for_config(model_yaml)
+    if saved and saved.checkpoint:
+        trained = family_named(saved.checkpoint.model_family, str(saved.path))
+        if trained is not family:
+            raise UserError(f"--config {config} is a config of {family.title}, but {saved.path} is a checkpoint of "
+                            f"{trained.title}: resume with the config of the model it trains (nothing was written)")
+    return family
 
 
 def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
@@ -292,7 +310,8 @@ def check_values(cfg: TrainConfig) -> None:
             raise UserError("no tokenizer: pass --tokenizer bpe.model (the SentencePiece model your text ids came from)")
 
 
-def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, text_tokens: int) -> TrainConfig:
+def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, text_tokens: int,
+                        family: ModelFamily) -> TrainConfig:
     """A checkpoint of another vocabulary size starts a new run from its weights, at step 0.
 
     Its optimizer moments, schedule and data position belong to a different set of trained
@@ -307,7 +326,7 @@ def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, tex
             f"the tokenizer has {text_tokens} pieces but {saved.path} was trained with {old} text tokens, so training "
             f"starts over at step 0 from its weights; {run_dir} already holds a run ({found.name}) that this would "
             "overwrite. Pass a new --output-dir (nothing was changed)")
-    check_extends(saved.settings.get("tokenizer"), cfg.tokenizer, saved.path)
+    family.tokenizer.check_extends(saved.settings.get("tokenizer"), cfg.tokenizer, saved.path)
     log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens: starting a NEW run at step 0 "
                 "from its model weights only (fresh optimizer, learning-rate schedule and loss scaler; data order from "
                 "the start). If you meant to continue that run, pass the tokenizer it was trained with", text_tokens,

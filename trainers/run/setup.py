@@ -26,7 +26,6 @@ from trainers.hardware.detect import Hardware, detect_hardware, pick_device
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.hardware.precision import AmpChoice, choose_amp
-from trainers.model.layout import PREFIX_LEN
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
@@ -239,7 +238,7 @@ def log_summary(run: Run) -> None:
     if cfg.deterministic:
         gpt = run.cfg.gpt
         log_determinism(plan.machine, plan.amp_dtype, gpt.heads, gpt.model_dim // gpt.heads,
-                        PREFIX_LEN + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
+                        run.model.prefix_len + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
     past_end = f"; the floor {schedule.floor:.4g} from step {schedule.end_step} on" \
         if run.total_steps > schedule.end_step else ""

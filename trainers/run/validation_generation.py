@@ -136,8 +136,8 @@ class ValidationGeneration:
         """Generate the samples at positions `chunk` (their batch `b`) into their rows of `table`:
         [length, stopped, codes...]."""
         limits = [self.limit(self.ref_lengths[p]) for p in chunk]
-        out = generate_codes(model, b.condition, b.emo_vec, b.text_ids, b.text_lens, max(limits),
-                             sampling=self.sampling, generator=self.generators(chunk, device))
+        out = generate_codes(model, b.text_ids, b.text_lens, max(limits), sampling=self.sampling,
+                             generator=self.generators(chunk, device), **b.conditioning)
         for p, c, s, lim in zip(chunk, out.codes, out.stopped, limits):
             c = c[:lim]
             table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])  # the stop is the lim-th token at most

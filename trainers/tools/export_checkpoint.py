@@ -100,12 +100,13 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
     if lora is not None:  # the adapters merged into the base the run names: the upstream layout
         source.state = merged_state(source.checkpoint, path, base)
     inference = resolve_inference(source, config, tokenizer)
-    selection = select_tensors(source.state, inference.gpt, path)
+    selection = select_tensors(source.state, inference.gpt, path, inference.family)
     tok_name = inference.tokenizer.name
     record = check_output(out, [GPT_NAME, CONFIG_NAME, tok_name])
     state = cast(selection.state, DTYPES[dtype])
     text_tokens = inference.gpt.number_text_tokens
-    config_text = yaml.safe_dump(inference_config(inference.config, text_tokens, tok_name), sort_keys=False)
+    config_text = yaml.safe_dump(inference_config(inference.config, text_tokens, tok_name,
+                                                  inference.family.tokenizer_config_key), sort_keys=False)
     tokenizer_bytes = inference.tokenizer.read_bytes()
     ckpt = source.checkpoint
     info = {"source": str(path.resolve()), "kind": source.kind, "step": ckpt.step if ckpt else None,

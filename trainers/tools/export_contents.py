@@ -5,6 +5,8 @@ config's gpt section shapes it (the model built on the meta device) and the cond
 carried from the base checkpoint (group B), cast to the export's dtype. The config.yaml: the run's
 IndexTTS2 config, checked against the checkpoint, with this export's vocabulary and file names.
 The tokenizer: the run's SentencePiece model, checked against the checkpoint's vocabulary.
+Which model, groups, keys and tokenizer are those of the checkpoint's model family (trainers/families):
+a trainer checkpoint names it, an official gpt.pth is taken for the family its config belongs to.
 """
 from __future__ import annotations
 
@@ -18,12 +20,10 @@ from trainers.checkpoint import schema
 from trainers.config.config_yaml import read_config_yaml
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.errors import UserError
+from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
 from trainers.files import file_sha256
-from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
-from trainers.model.vocabulary import tokenizer_size
-from trainers.model.weights import (
-    CARRIED_PREFIXES, MODEL_NAMESPACES, split_state_dict, state_dict_of, strip_module_prefix,
-)
+from trainers.model.gpt_model import GPTConfig
+from trainers.model.weights import split_state_dict, state_dict_of, strip_module_prefix
 from trainers.tools.export_output import RECORD_NAME
 from trainers.torch_files import CheckpointError, load_checkpoint
 
@@ -80,11 +80,9 @@ def _load_source(path: Path, mmap: bool) -> Source:
     return Source(path, "official" if isinstance(obj.get("model"), dict) else "raw", state)
 
 
-def expected_group_a(gpt: GPTConfig) -> dict[str, tuple[int, ...]]:
+def expected_group_a(gpt: GPTConfig, family: ModelFamily = FAMILIES["indextts2"]) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the training-path tensors for `gpt`, from the model built on the meta device."""
-    with torch.device("meta"):
-        model = UnifiedVoiceGPT(gpt)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return family.expected_keys(gpt)
 
 
 @dataclass
@@ -95,19 +93,21 @@ class Selection:
     left_out: list[str] = field(default_factory=list)
 
 
-def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Path) -> Selection:
+def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Path,
+                   family: ModelFamily = FAMILIES["indextts2"]) -> Selection:
     """Exactly the keys upstream's UnifiedVoice loads: group A as `gpt` shapes it, then the carried group B."""
-    trained, carried, dropped = split_state_dict(state)
-    expected = expected_group_a(gpt)
+    layout = family.layout
+    trained, carried, dropped = split_state_dict(state, layout)
+    expected = expected_group_a(gpt, family)
     problems = [f"missing: {k}" for k in expected if k not in trained]
     problems += [f"{k}: file {tuple(trained[k].shape)}, config {shape}" for k, shape in expected.items()
                  if k in trained and tuple(trained[k].shape) != shape]
     problems += [f"not in the model of the config: {k}" for k in trained
-                 if k not in expected and k.startswith(MODEL_NAMESPACES)]
+                 if k not in expected and k.startswith(layout.model_namespaces)]
     if problems:
         raise UserError("\n".join([f"{source} does not fit the gpt section of the config:", *listed(problems),
                                    "pass the --config the checkpoint was trained with"]))
-    lacking = [p + "*" for p in CARRIED_PREFIXES if not any(k.startswith(p) for k in carried)]
+    lacking = [p + "*" for p in layout.carried_prefixes if not any(k.startswith(p) for k in carried)]
     if lacking:
         raise UserError(f"{source} lacks the conditioning-encoder tensors {', '.join(lacking)}, which IndexTTS2 "
                         "inference loads strictly: export a checkpoint of a run started with --base-checkpoint "
@@ -139,6 +139,7 @@ class Inference:
     tokenizer: Path
     gpt: GPTConfig
     notes: list[str]
+    family: ModelFamily = FAMILIES["indextts2"]
 
 
 def text_tokens_of(source: Source) -> int:
@@ -162,9 +163,10 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
                         "IndexTTS2 config.yaml that belongs to it")
     data = read_config_yaml(config_path, f"--config {config_path}" if config_flag is not None else str(config_path),
                             "pass --config with the IndexTTS2 config.yaml the checkpoint was trained with")
+    family = family_named(ckpt.model_family, str(source.path)) if ckpt is not None else family_for_config(data)
     text_tokens = text_tokens_of(source)
     try:
-        gpt = GPTConfig.from_yaml_section(data["gpt"], number_text_tokens=text_tokens)
+        gpt = family.read_config(data["gpt"], number_text_tokens=text_tokens)
     except (ValueError, TypeError) as exc:
         raise UserError(f"{config_path}: {exc}") from None
     saved = ckpt.model_config if ckpt is not None else {}
@@ -173,25 +175,27 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
     if differ:
         raise UserError(f"{config_path} is not the config {source.path} was trained with: gpt " + ", ".join(differ)
                         + "; pass --config with the run's config")
-    refuse_trimmed_config(data, config_path, config_flag is not None, source)
+    refuse_trimmed_config(data, config_path, config_flag is not None, source, family)
     configured = data["gpt"].get("number_text_tokens")
     if configured != text_tokens:
         notes.append(f"gpt.number_text_tokens set to {text_tokens} (the checkpoint's vocabulary; {config_path.name} "
                      f"had {configured})")
     tokenizer = resolve_tokenizer(source, data, config_path, tokenizer_flag)
-    pieces = tokenizer_size(str(tokenizer))
+    pieces = family.tokenizer.size(str(tokenizer))
     if pieces != text_tokens:
         raise UserError(f"{tokenizer} has {pieces} pieces but {source.path} has {text_tokens} text tokens: it is not "
                         "the tokenizer of this checkpoint; pass --tokenizer with the one it was trained with")
     if tokenizer.name in (GPT_NAME, CONFIG_NAME, RECORD_NAME):
         raise UserError(f"the tokenizer's file name {tokenizer.name} clashes with a file the export writes; "
                         "rename it (e.g. bpe.model) and pass --tokenizer")
-    return Inference(data, config_path, tokenizer, gpt, notes)
+    return Inference(data, config_path, tokenizer, gpt, notes, family)
 
 
-def refuse_trimmed_config(data: dict[str, Any], config_path: Path, flagged: bool, source: Source) -> None:
+def refuse_trimmed_config(data: dict[str, Any], config_path: Path, flagged: bool, source: Source,
+                          family: ModelFamily = FAMILIES["indextts2"]) -> None:
     """A config without every key IndexTTS2 inference reads would export a config.yaml inference cannot load."""
-    missing = missing_inference_keys(inference_config(data, 1, "bpe.model"))  # as the export would write it
+    written = inference_config(data, 1, "bpe.model", family.tokenizer_config_key)  # as the export would write it
+    missing = missing_inference_keys(written, family.inference_keys)
     if not missing:
         return
     if flagged:
@@ -233,11 +237,15 @@ def resolve_tokenizer(source: Source, config: dict[str, Any], config_path: Path,
     return path
 
 
-def inference_config(data: dict[str, Any], text_tokens: int, tokenizer_name: str) -> dict[str, Any]:
-    """The config with this export's vocabulary and file names; every other key as it was."""
+def inference_config(data: dict[str, Any], text_tokens: int, tokenizer_name: str,
+                     tokenizer_key: str | None = "dataset.bpe_model") -> dict[str, Any]:
+    """The config with this export's vocabulary and file names (the tokenizer's under `tokenizer_key`, the
+    family's: None where inference opens a fixed name); every other key as it was."""
     out = dict(data)
     out["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
-    out["dataset"] = {**(data.get("dataset") or {}), "bpe_model": tokenizer_name}
+    if tokenizer_key is not None:
+        section, key = tokenizer_key.split(".")
+        out[section] = {**(data.get(section) or {}), key: tokenizer_name}
     out["gpt_checkpoint"] = GPT_NAME
     return out
 

@@ -64,7 +64,7 @@ def read_run(run_dir: Path) -> SavedRun:
 
 def check_fingerprints(saved: SavedRun, tokenizer: Found, config: Found, expected: dict[str, str]) -> list[str]:
     """The tokenizer and config found are the run's own: what the trainer would check on resume."""
-    from trainers.model.vocabulary import tokenizer_size
+    from trainers.families import family_for_config
 
     assert tokenizer.path and config.path
     problems = []
@@ -74,7 +74,9 @@ def check_fingerprints(saved: SavedRun, tokenizer: Found, config: Found, expecte
                         f"run ({expected['tokenizer'][:12]}...)")
     elif expected.get("model_config"):
         cfg = TrainConfig.from_dict({**saved.settings, "config": config.path})
-        gpt = gpt_config(read_model_yaml(config.path), cfg, tokenizer_size(tokenizer.path))
+        model_yaml = read_model_yaml(config.path)
+        family = family_for_config(model_yaml)
+        gpt = gpt_config(model_yaml, cfg, family.tokenizer.size(tokenizer.path), family)
         if model_config_fingerprint(gpt) != expected["model_config"]:
             problems.append(f"--config {config.path}: its gpt section differs from the model config saved with the "
                             "run")

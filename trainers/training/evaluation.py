@@ -19,8 +19,7 @@ def autocast_for(device: torch.device, amp_dtype: torch.dtype | None) -> Context
 def batch_loss_sums(model: UnifiedVoiceGPT, batch: Batch, device: torch.device,
                     amp_dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """Summed text/mel cross-entropies, token counts and correct mel predictions of one batch."""
-    packed_len = packed_length(batch.text_lens, batch.code_lens)  # from the host copy: no sync
+    packed_len = packed_length(batch.text_lens, batch.code_lens, model.prefix_len)  # from the host copy: no sync
     batch = batch.to(device, non_blocking=True)
     with autocast_for(device, amp_dtype):
-        return model.loss_sums(batch.condition, batch.emo_vec, batch.text_ids, batch.text_lens, batch.codes,
-                               batch.code_lens, packed_len=packed_len)
+        return model.loss_sums(**batch.inputs, packed_len=packed_len)
