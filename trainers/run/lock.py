@@ -44,6 +44,7 @@ class RunLock:
         self.created: list[Path] = []  # the directories acquire() made, innermost first
         self._found: set[str] | None = None  # what the directory held before (None: not known)
         self._made_file = False
+        self._previous: tuple[bytes, int, int] | None = None  # an existing lock file's bytes, atime, mtime
 
     @property
     def existed(self) -> bool:
@@ -96,6 +97,9 @@ class RunLock:
             if exc.errno not in _BUSY:
                 raise UserError(f"cannot lock the run directory {self.path.parent}: {exc.strerror}") from None
             raise self._busy(_describe(holder)) from None
+        if not self._made_file:
+            st = os.fstat(fd)
+            self._previous = (os.pread(fd, 1 << 16, 0), st.st_atime_ns, st.st_mtime_ns)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                   "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
@@ -114,18 +118,26 @@ class RunLock:
                 setattr(self, name, None)
 
     def abandon(self) -> None:
-        """Release after a start that stopped before writing anything of the run: the lock file and the
-        directories acquire() made go too, where nothing else was added to them."""
+        """Release after a start that stopped before writing anything of the run: a lock file it made goes, with
+        the directories acquire() made, where nothing else was added to them; one it found gets its bytes and
+        times back, so a refused start leaves the directory byte for byte as it was."""
         run_dir = self.path.parent
-        untouched = self._fd is not None and self._made_file and self._found is not None and \
-            _listing(run_dir) == self._found
-        if untouched:
+        untouched = self._fd is not None and self._found is not None and _listing(run_dir) == self._found
+        if untouched and self._made_file:
             try:
                 self.path.unlink()
             except OSError:
                 untouched = False
+        elif untouched and self._previous is not None:
+            content, atime, mtime = self._previous
+            try:
+                os.ftruncate(self._fd, 0)
+                os.pwrite(self._fd, content, 0)
+                os.utime(self._fd, ns=(atime, mtime))
+            except OSError:
+                pass  # the holder line is only information for a refusal message
         self.release()
-        if untouched:
+        if untouched and self._made_file:
             for folder in self.created:
                 try:
                     folder.rmdir()  # only while empty: a trainer that got in since keeps its directory
