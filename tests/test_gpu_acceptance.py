@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import gpu_acceptance
 from benchmarks.acceptance.context import Context
@@ -166,3 +167,47 @@ def test_the_trainer_checks_start_where_the_package_is_not_installed(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = {r["name"]: r for r in json.loads((out / "gpu_acceptance.json").read_text())["checks"]}["official_trainer"]
     assert record["cpu_side"] == "passed" and record["figures"]["micro_batch"] == 2, record
+
+
+def test_the_summaries_of_a_gpu_run_print_the_figures_a_gpu_gives(tmp_path):
+    """The lines a GPU run prints come from branches the CPU side never takes (a peak to compute MFU against,
+    synchronisations, the out-of-memory calibration, pinned bytes, a GPU in the dump): given figures shaped as a
+    GPU gives them, each prints its line instead of failing on the one run the GPU's time allows."""
+    from benchmarks.acceptance import environment, official_checks, save_checks, step_checks
+    from benchmarks.acceptance.flops import peak_flops
+
+    gpu = "NVIDIA H100 80GB HBM3"
+    cfg = Context(tmp_path, 1, gpu, False).gpt()
+    inputs = step_checks.make_inputs(cfg, 4, 20, 30, torch.device("cpu"))
+    measured = step_checks.Measured(8.5, 32, {"now": 1.0, "foreach_adamw": 1.1, "no_dropout": 0.9}, 61.25,
+                                    {"per_step": 5, "where": {"gpt_model.py:331": 4, "optimization.py:75": 1}},
+                                    {"gemm_share": 0.7, "attention_share": 0.1, "attention_kernels": ["flash_fwd"],
+                                     "top": [["nvjet_gemm", 0.3]]})
+    figures = step_checks._figures(cfg, inputs, measured, peak_flops(gpu))
+    text = "\n".join(step_checks._lines(figures, "bf16", gpu, 79.1))
+    assert "MFU " in text and "probe: micro-batch 32" in text and "AdamW foreach 1.100 s/step -> fused 1.000" in text
+    assert "synchronisations per step: 5" in text and "peak memory of the steps: 61.25 GiB" in text
+    assert "attention 10% (flash_fwd)" in text and "989.0 TFLOP/s" in text
+
+    oom = {"calibration": {"layers": 4, "micro_batch": 32, "step_peak_gib": [14.1, 7.2], "cap_gib": 12.3,
+                           "margin_gib": 1.9},
+           "halving": {"exit": 0, "halved": [32, 16], "error": "CUDA out of memory. Tried to allocate 1.2 GiB"},
+           "halved_vs_uninterrupted": {"steps": [6, 6], "same_samples": True, "train_loss_rel_diff": 2e-6,
+                                       "weights_differing": 12, "max_abs_weight_diff": 3e-7},
+           "bf16_vs_fp32": {"steps": [6, 6], "bf16_val": {"text_loss": 9.1, "mel_loss": 8.9},
+                            "fp32_val": {"text_loss": 9.1, "mel_loss": 8.9}, "val_loss_rel_diff": 1e-4}}
+    assert len(official_checks._oom_lines(oom, 32)) == 4
+    trainer = {"micro_batch": 31, "seconds": 30.1, "first_step_after_start_s": 20.2, "samples_per_s": 60.0,
+               "positions_per_s": 104280, "tokens_per_s": 102000, "mfu": 0.37}
+    assert "MFU 37.0%" in official_checks._trainer_lines(trainer, 24)[1]
+    save = {"state_gb": 7.7, "tensors": 1269, "loop_blocked_s": 0.4, "write_s": 6.0, "sync_blocked_s": 7.9,
+            "reached_the_file": 0, "compared": 1269, "reserve_s": 2.1}
+    assert "6.0 GiB measured" in save_checks._lines(save, 6.0, 6.0)[2]
+
+    ctx = Context(tmp_path, 1, gpu, False)
+    ctx.memo["environment"] = {"gpus": [{"name": gpu, "free_gib": 78.9, "total_gib": 79.2}],
+                               "nvidia_smi": "name, driver_version, memory.total\n" + f"{gpu}, 580.65.06, 81559 MiB",
+                               "torch": "2.11.0+cu130", "cuda": "13.0", "dev_shm": {"free_gib": 60.0, "total_gib": 64.0},
+                               "cpu_cores": 16, "host_memory": "120 GiB available"}
+    note = environment.machine(ctx).note
+    assert note.startswith(f"1 x {gpu}, 78.9 of 79.2 GiB free; driver 580.65.06, torch 2.11.0+cu130, CUDA 13.0")

@@ -293,8 +293,8 @@ def _oom_lines(figures: dict, micro: int) -> tuple[str, ...]:
 
 def oom_and_precision_cpu_side(ctx: Context) -> Outcome:
     """The capped launcher uncapped on the CPU, the error injected at the first micro-batch of step 1, against the
-    run at the halved size (bit-identical here: the CPU adds in one order). The fp32 run's command line parses
-    (bf16 on the CPU is not what a GPU runs, and 80x slower without bf16 instructions)."""
+    run at the halved size (bit-identical here: the CPU adds in one order). The fp32 run's command line parses;
+    it does not run (bf16 on the CPU is not what a GPU runs, and 80x slower without bf16 instructions)."""
     config, base = _oom_inputs(ctx, ctx.gpt(**{**SMALL, "layers": OOM_LAYERS}))
     micro = SMALL_BATCH // 2
     runs = {name: ctx.folder(f"oom/{name}") for name in ("capped", "reference")}
@@ -306,11 +306,12 @@ def oom_and_precision_cpu_side(ctx: Context) -> Outcome:
         _expect(reference, "the run at the halved size", OOM_STEPS)
         halved_ok, halving = _halving(capped, micro, injected=True)
         same_ok, same = _same_ending(runs["capped"], runs["reference"]) if halved_ok else (False, {"log": capped.tail(800)})
+        precision_ok, precision = _precision(runs["reference"], runs["reference"])  # the comparison's code, no figure
     finally:
         _drop_checkpoints(*runs.values())
     parse_command_line(["--output-dir", str(ctx.work), *_run_flags(ctx, config, base, micro), "--amp", "off", "--no-tf32"])
     figures = {"halving": halving, "halved_vs_uninterrupted": same}
-    ok = halved_ok and same_ok and same.get("weights_differing") == 0
+    ok = halved_ok and same_ok and same.get("weights_differing") == 0 and precision_ok
     return Outcome(ok, figures, "", _oom_lines(figures, micro))
 
 
