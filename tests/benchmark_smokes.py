@@ -136,7 +136,7 @@ SMOKES: dict[str, Smoke] = {
         r"^PASS machine: ",
         r"^SKIP official_step: .*CPU side passed\n  fp32, 2 layers at width 64, .*\n  probe: micro-batch 2 .* in "
         rf"{NUM} s\n  step now: {NUM} s, ",
-        rf"^  before/after: AdamW foreach {NUM} s/step -> fused {NUM} s/step",
+        rf"^  before/after: AdamW foreach {NUM} s/step -> foreach \(the CPU.s\) {NUM} s/step",
         r"^SKIP oom_and_precision: .*CPU side passed\n  real out-of-memory at micro-batch 4, halved to 2: ",
         r"^SKIP background_save: .*CPU side passed\n  state .* by a background save .* against .* by a synchronous save",
         r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 60, one_thread=False),
