@@ -214,8 +214,9 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
     counts = {s: sum(r.status == s for r in report.records) for s in ("pass", "fail", "skip")}
     report.write(out / "gpu_acceptance.json")
     failed = [r.name for r in report.records if r.status == "fail"]
+    kept = f"; work folder kept: {work}" if args.keep else ""
     print(f"gpu_acceptance: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in "
-          f"{time.monotonic() - started:.0f} s; results in {out}{'; work folder kept: ' + str(work) if args.keep else ''}")
+          f"{time.monotonic() - started:.0f} s; results in {out}{kept}")
     if failed:
         budget = sum(c.budget_s for c in CHECKS if c.name in failed or c.name == ALWAYS)
         config = [] if args.config.resolve() == OFFICIAL_CONFIG.resolve() else ["--config", str(args.config)]

@@ -129,7 +129,8 @@ def shapes_only_changes_nothing(share: int) -> dict[str, tuple[int, int]]:
     text, codes = LONG_TEXT // share, LONG_CODES // share
     found = {}
     for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
-        found[name] = (_saved_bytes(model, 2, text, codes, dtype, skip=False), _saved_bytes(model, 2, text, codes, dtype))
+        found[name] = (_saved_bytes(model, 2, text, codes, dtype, skip=False),
+                       _saved_bytes(model, 2, text, codes, dtype))
     return found
 
 
@@ -243,14 +244,16 @@ def main() -> int:
     measured = measure(share)
     cfg, seq = official_gpt(), positions(LONG_TEXT, LONG_CODES)
     for key, act in measured.items():
+        plain, recomputed = (act.per_sample(cfg.layers, seq, c, cfg.model_dim) / GiB for c in (False, True))
         print(f"bytes a sample keeps for backward at the official config ({seq} positions), "
-              f"{'fp32' if key == 'fp32' else 'bf16/fp16'}: {act.per_sample(cfg.layers, seq, False, cfg.model_dim) / GiB:.3f} "
-              f"GiB; with --grad-checkpointing {act.per_sample(cfg.layers, seq, True, cfg.model_dim) / GiB:.3f} GiB")
+              f"{'fp32' if key == 'fp32' else 'bf16/fp16'}: {plain:.3f} GiB; with --grad-checkpointing "
+              f"{recomputed:.3f} GiB")
     print("| GPU | --amp auto picks | micro-batch | with --grad-checkpointing | host RAM for pinned background saves |")
     print("|---|---|---|---|---|")
     for name, row in table(measured).items():
-        print(f"| {name} | {row['precision']} | {row['micro_batch']} (computed) | {row['micro_batch_grad_checkpointing']} "
-              f"(computed) | {row['host_gib_pinned_saves']:.1f} GiB (computed) |")
+        print(f"| {name} | {row['precision']} | {row['micro_batch']} (computed) | "
+              f"{row['micro_batch_grad_checkpointing']} (computed) | {row['host_gib_pinned_saves']:.1f} GiB "
+              "(computed) |")
     print(f"measured and computed in {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -28,7 +28,8 @@ RESULT_FILES = {"gpu_acceptance.json", "console.log", "logs.tar.gz", "env.json"}
 @pytest.mark.benchmark_smokes("gpu_acceptance.py")
 def test_the_dry_run_reports_every_check_and_writes_the_results_folder(tmp_path_factory):
     # --smoke: the dry run with smaller CPU-side measurements, the run tests/test_benchmarks.py also reads
-    done = run_smokes(["gpu_acceptance.py"], tmp_path_factory.mktemp("benchmark_smokes"), at_once=1)["gpu_acceptance.py"]
+    folder = tmp_path_factory.mktemp("benchmark_smokes")
+    done = run_smokes(["gpu_acceptance.py"], folder, at_once=1)["gpu_acceptance.py"]
     assert done.returncode == 0, done.output[-3000:]
     report = json.loads((done.folder / "gpu_acceptance.json").read_text())
     records = {r["name"]: r for r in report["checks"]}
@@ -92,7 +93,8 @@ def test_a_check_that_raises_fails_alone_and_the_run_exits_1_naming_the_rerun(tm
                                                                                                        "pass"]
     printed = capsys.readouterr().out
     assert "FAIL broken: raised ValueError" in printed
-    assert "rerun the failed checks (10 s of budgets) with: python benchmarks/gpu_acceptance.py --only broken" in printed
+    assert "rerun the failed checks (10 s of budgets) with: python benchmarks/gpu_acceptance.py --only broken" \
+        in printed
     assert (out / "console.log").read_text() == printed
 
 
@@ -207,7 +209,8 @@ def test_the_summaries_of_a_gpu_run_print_the_figures_a_gpu_gives(tmp_path):
     ctx = Context(tmp_path, 1, gpu, False)
     ctx.memo["environment"] = {"gpus": [{"name": gpu, "free_gib": 78.9, "total_gib": 79.2}],
                                "nvidia_smi": "name, driver_version, memory.total\n" + f"{gpu}, 580.65.06, 81559 MiB",
-                               "torch": "2.11.0+cu130", "cuda": "13.0", "dev_shm": {"free_gib": 60.0, "total_gib": 64.0},
+                               "torch": "2.11.0+cu130", "cuda": "13.0",
+                               "dev_shm": {"free_gib": 60.0, "total_gib": 64.0},
                                "cpu_cores": 16, "host_memory": "120 GiB available"}
     note = environment.machine(ctx).note
     assert note.startswith(f"1 x {gpu}, 78.9 of 79.2 GiB free; driver 580.65.06, torch 2.11.0+cu130, CUDA 13.0")

@@ -47,8 +47,9 @@ def _gpus() -> list[dict[str, Any]]:
     for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
         props = torch.cuda.get_device_properties(i)
         free, total = torch.cuda.mem_get_info(i)
-        found.append({"name": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
-                      "total_gib": round(total / GiB, 2), "free_gib": round(free / GiB, 2)})
+        found.append({"name": props.name, "capability": f"{props.major}.{props.minor}",
+                      "sms": props.multi_processor_count, "total_gib": round(total / GiB, 2),
+                      "free_gib": round(free / GiB, 2)})
     return found
 
 
@@ -60,7 +61,8 @@ def dump(ctx: Context) -> dict[str, Any]:
         "gpus": _gpus(),
         "nvidia_smi": _command("nvidia-smi", f"--query-gpu={NVIDIA_SMI_QUERY}", "--format=csv"),
         "nvidia_smi_full": _command("nvidia-smi"),
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
         "sdp_backends": {"flash": torch.backends.cuda.flash_sdp_enabled(),
                          "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
                          "math": torch.backends.cuda.math_sdp_enabled()},

@@ -210,7 +210,7 @@ def model_losses_cpu_side(ctx: Context) -> Outcome:
     samples: without bf16 instructions a CPU's bf16 and fp16 products are ~50-80x slower than fp32."""
     model = _model(ctx.gpt(model_dim=64, heads=4, layers=2))
     figures: dict = {"fp32_cpu": _pass(model, "cpu", None, SMALL_LENGTHS)}
-    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16, SMALL_LENGTHS), figures["fp32_cpu"], BF16_RTOL)
-    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16, SMALL_LENGTHS), figures["fp32_cpu"],
-                   FP16_RTOL)
+    ref = figures["fp32_cpu"]
+    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16, SMALL_LENGTHS), ref, BF16_RTOL)
+    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16, SMALL_LENGTHS), ref, FP16_RTOL)
     return Outcome(ok, figures, "", _loss_lines(figures, 2))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -51,6 +52,7 @@ OOM_STEPS = 6
 OOM_MICRO_BATCHES = (32, 16, 8)  # the first whose calibration fits and leaves OOM_MARGIN
 OOM_MARGIN = 2 ** 29  # 0.5 GiB each side of the cap: the allocator's rounding, cuBLAS's workspace, fragments
 CAPPED = Path(__file__).resolve().parent / "capped_trainer.py"
+SHM_FOR_WORKERS = 2 ** 31  # /dev/shm below this: one data-loader worker (see _loader)
 HALVED = re.compile(r"out of memory at step 1 with micro-batch (\d+) \((.*?)\): "
                     r"redoing the step with micro-batch (\d+)")
 FIRST_STEP = re.compile(r"first optimizer step finished ([\d.]+) s after process start")
@@ -66,6 +68,16 @@ PRECISION_RTOL = 1e-2
 
 def _small(ctx: Context) -> bool:
     return ctx.device == "cpu"
+
+
+def _loader(ctx: Context) -> list[str]:
+    """Data-loader workers pass batches through /dev/shm: a container's is often 64 MB, which the prefetched
+    batches of the official width (6 MB each, 2 per worker, 4 workers by default) would fill. One worker there."""
+    try:
+        free = shutil.disk_usage("/dev/shm").free
+    except OSError:
+        free = 0
+    return [] if _small(ctx) or free >= SHM_FOR_WORKERS else ["--num-workers", "1"]
 
 
 def _threads(ctx: Context) -> dict[str, str]:
@@ -121,9 +133,9 @@ def probed_run(ctx: Context) -> tuple[Path, Finished, int | None]:
     corpus = official_corpus(ctx)
     batch = SMALL_BATCH if _small(ctx) else EFFECTIVE_BATCH
     env = {"INDEXTTS_TRAIN_OOM_ABOVE": str(INJECTED_LIMIT)} if _small(ctx) else _threads(ctx)
-    done = ctx.run_one(ctx.trainer(out, *corpus.flags(validation=False), *FLAGS, "--device", ctx.device,
-                                   "--effective-batch", str(batch), "--max-steps", str(TRAINER_STEPS), env=env,
-                                   kill_at=TRAINER_END))
+    done = ctx.run_one(ctx.trainer(out, *corpus.flags(validation=False), *FLAGS, *_loader(ctx), "--device",
+                                   ctx.device, "--effective-batch", str(batch), "--max-steps", str(TRAINER_STEPS),
+                                   env=env, kill_at=TRAINER_END))
     cache = out / CACHE_NAME
     micro = json.loads(cache.read_text())["micro_batch"] if cache.exists() else None
     _drop_checkpoints(out)
@@ -188,7 +200,7 @@ def _run_flags(ctx: Context, config: Path, base: Path, micro: int) -> list[str]:
     one the trainer's random initial weights differ from process to process) and one validation set (its
     best.pth at step 0 holds the weights alone: 0.5 GB at 4 layers)."""
     return [*official_corpus(ctx).flags(), "--config", str(config), "--base-checkpoint", str(base), *FLAGS, *VALIDATION,
-            "--device", ctx.device, "--max-steps", str(OOM_STEPS), "--effective-batch", str(2 * micro),
+            *_loader(ctx), "--device", ctx.device, "--max-steps", str(OOM_STEPS), "--effective-batch", str(2 * micro),
             "--log-sample-ids"]
 
 
@@ -275,7 +287,8 @@ def oom_and_precision(ctx: Context) -> Outcome:
         precision_ok, precision = _precision(runs["bf16"], runs["fp32"])
     finally:
         _drop_checkpoints(*runs.values())
-    figures = {"calibration": calibration, "halving": halving, "halved_vs_uninterrupted": same, "bf16_vs_fp32": precision}
+    figures = {"calibration": calibration, "halving": halving, "halved_vs_uninterrupted": same,
+               "bf16_vs_fp32": precision}
     return Outcome(halved_ok and same_ok and precision_ok, figures, "" if halved_ok else "no real halving",
                    _oom_lines(figures, micro))
 
@@ -284,14 +297,15 @@ def _oom_lines(figures: dict, micro: int) -> tuple[str, ...]:
     lines = []
     c, h, s, p = (figures.get(k, {}) for k in ("calibration", "halving", "halved_vs_uninterrupted", "bf16_vs_fp32"))
     if "cap_gib" in c:
-        lines.append(f"{c['layers']} layers: step peaks {c['step_peak_gib']} GiB at micro-batch {micro} and {micro // 2}; "
-                     f"allocator capped at {c['cap_gib']} GiB ({c['margin_gib']} GiB each side)")
+        lines.append(f"{c['layers']} layers: step peaks {c['step_peak_gib']} GiB at micro-batch {micro} and "
+                     f"{micro // 2}; allocator capped at {c['cap_gib']} GiB ({c['margin_gib']} GiB each side)")
     if h.get("halved"):
         lines.append(f"real out-of-memory at micro-batch {h['halved'][0]}, halved to {h['halved'][1]}: {h['error']}")
     if "train_loss_rel_diff" in s:
-        lines.append(f"halved vs micro-batch {micro // 2} from the start, {OOM_STEPS} steps: same samples {s['same_samples']}, "
-                     f"train losses within {s['train_loss_rel_diff']:.2e} (limit {HALVED_LOSS_RTOL}), "
-                     f"{s['weights_differing']} weight tensors not bit-identical (max {s['max_abs_weight_diff']:.2e})")
+        lines.append(f"halved vs micro-batch {micro // 2} from the start, {OOM_STEPS} steps: same samples "
+                     f"{s['same_samples']}, train losses within {s['train_loss_rel_diff']:.2e} "
+                     f"(limit {HALVED_LOSS_RTOL}), {s['weights_differing']} weight tensors not bit-identical "
+                     f"(max {s['max_abs_weight_diff']:.2e})")
     if "val_loss_rel_diff" in p:
         lines.append(f"bf16 vs fp32 (TF32 off) after {OOM_STEPS} steps: validation {p['bf16_val']} vs {p['fp32_val']}, "
                      f"relative difference {p['val_loss_rel_diff']:.2e} (limit {PRECISION_RTOL})")
@@ -312,11 +326,13 @@ def oom_and_precision_cpu_side(ctx: Context) -> Outcome:
             ctx.trainer(runs["reference"], *_run_flags(ctx, config, base, micro), "--batch-size", str(micro // 2)))
         _expect(reference, "the run at the halved size", OOM_STEPS)
         halved_ok, halving = _halving(capped, micro, injected=True)
-        same_ok, same = _same_ending(runs["capped"], runs["reference"]) if halved_ok else (False, {"log": capped.tail(800)})
+        same_ok, same = (_same_ending(runs["capped"], runs["reference"]) if halved_ok
+                         else (False, {"log": capped.tail(800)}))
         precision_ok, precision = _precision(runs["reference"], runs["reference"])  # the comparison's code, no figure
     finally:
         _drop_checkpoints(*runs.values())
-    parse_command_line(["--output-dir", str(ctx.work), *_run_flags(ctx, config, base, micro), "--amp", "off", "--no-tf32"])
+    parse_command_line(["--output-dir", str(ctx.work), *_run_flags(ctx, config, base, micro), "--amp", "off",
+                        "--no-tf32"])
     figures = {"halving": halving, "halved_vs_uninterrupted": same}
     ok = halved_ok and same_ok and same.get("weights_differing") == 0 and precision_ok
     return Outcome(ok, figures, "", _oom_lines(figures, micro))

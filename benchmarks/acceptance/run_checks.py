@@ -108,8 +108,8 @@ def demo_resume_cpu_side(ctx: Context) -> Outcome:
     """The --deterministic pair on the CPU: bit-identical."""
     exact = difference(*demo_pair(ctx, deterministic=True))
     ok = exact["tensors_differing"] == 0 and exact["same_samples"] and exact["steps"] == [STEPS, STEPS]
-    return Outcome(ok, {"deterministic": exact}, "", (f"--deterministic on the CPU: {exact['tensors_differing']} tensors "
-                                                      f"differ after the SIGKILL and resume",))
+    line = f"--deterministic on the CPU: {exact['tensors_differing']} tensors differ after the SIGKILL and resume"
+    return Outcome(ok, {"deterministic": exact}, "", (line,))
 
 
 def _branch_on_cpu(ctx: Context, source: Path) -> tuple[Finished, Path]:

@@ -125,8 +125,8 @@ def _lines(figures: dict, measured: float | None, planned: float | None) -> tupl
     lines = [f"state {figures['state_gb']} GB ({figures['tensors']} tensors): the loop blocked "
              f"{figures['loop_blocked_s']} s by a background save (written in {figures['write_s']} s meanwhile) "
              f"against {figures['sync_blocked_s']} s by a synchronous save",
-             f"an update of every tensor right after the snapshot reached the file: {figures['reached_the_file'] or 'none'} "
-             f"({figures['compared']} tensors compared)"]
+             f"an update of every tensor right after the snapshot reached the file: "
+             f"{figures['reached_the_file'] or 'none'} ({figures['compared']} tensors compared)"]
     if measured is not None:
         lines.append(f"host memory of the snapshot buffers: {measured} GiB measured, {planned} GiB planned "
                      f"(limit {PINNED_RTOL:.0%}); reserved in {figures['reserve_s']} s")

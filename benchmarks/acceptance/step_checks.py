@@ -91,9 +91,12 @@ class Inputs:
 
 def make_inputs(cfg, samples: int, text_len: int, code_len: int, device: torch.device) -> Inputs:
     g = torch.Generator().manual_seed(SEED)
-    tensors = (torch.randn(samples, CONDITION_LEN, cfg.model_dim, generator=g), torch.randn(samples, cfg.model_dim, generator=g),
-               torch.randint(2, cfg.number_text_tokens, (samples, text_len), generator=g), torch.full((samples,), text_len),
-               torch.randint(0, cfg.start_mel_token, (samples, code_len), generator=g), torch.full((samples,), code_len))
+    tensors = (torch.randn(samples, CONDITION_LEN, cfg.model_dim, generator=g),
+               torch.randn(samples, cfg.model_dim, generator=g),
+               torch.randint(2, cfg.number_text_tokens, (samples, text_len), generator=g),
+               torch.full((samples,), text_len),
+               torch.randint(0, cfg.start_mel_token, (samples, code_len), generator=g),
+               torch.full((samples,), code_len))
     return Inputs(tuple(t.to(device) for t in tensors), torch.arange(samples, device=device), text_len, code_len)
 
 
@@ -228,8 +231,8 @@ def kernel_times(ctx: Context, step: Callable[[], None], device: torch.device) -
     events = [e for e in prof.key_averages() if _self_us(e) > 0]
     total = sum(_self_us(e) for e in events) or 1.0
     events.sort(key=_self_us, reverse=True)
-    (ctx.log_dir / "profile.txt").write_text("\n".join(f"{_self_us(e) / total:7.2%}  {_self_us(e) / 1e3:10.2f} ms  {e.key}"
-                                                       for e in events) + "\n", encoding="utf-8")
+    table = [f"{_self_us(e) / total:7.2%}  {_self_us(e) / 1e3:10.2f} ms  {e.key}" for e in events]
+    (ctx.log_dir / "profile.txt").write_text("\n".join(table) + "\n", encoding="utf-8")
     share = lambda pattern: round(sum(_self_us(e) for e in events if pattern.search(e.key)) / total, 3)  # noqa: E731
     return {"gemm_share": share(GEMM), "attention_share": share(ATTENTION),
             "attention_kernels": [e.key[:90] for e in events if ATTENTION.search(e.key)][:4],
@@ -267,8 +270,8 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
              f"positions/s, {now['tokens_per_s']:,} text+code tokens/s, {now['tflops_per_s']} TFLOP/s, {mfu_text(now)}"]
     before = v.get("foreach_adamw")
     if before:
-        lines.append(f"before/after: AdamW foreach {before['step_s']:.3f} s/step -> {figures['adamw']} {now['step_s']:.3f} "
-                     f"s/step (x{before['step_s'] / now['step_s']:.3f})")
+        lines.append(f"before/after: AdamW foreach {before['step_s']:.3f} s/step -> {figures['adamw']} "
+                     f"{now['step_s']:.3f} s/step (x{before['step_s'] / now['step_s']:.3f})")
     plain = v.get("no_dropout")
     if plain:
         lines.append(f"switch: --dropout 0.1 {now['step_s']:.3f} s/step, --dropout 0 {plain['step_s']:.3f} s/step "
@@ -280,10 +283,11 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
         lines.append(f"host-device synchronisations per step: {syncs['per_step']} ({syncs['where']})")
     kernels = figures["kernels"]
     if kernels and "gemm_share" in kernels:
-        lines.append(f"kernel time: matrix products {kernels['gemm_share']:.0%}, attention {kernels['attention_share']:.0%} "
-                     f"({', '.join(kernels['attention_kernels']) or 'no attention kernel named'})")
-    lines.append(f"MFU = model FLOPs / s / peak, {MFU_RULE}; peak {figures['peak_tflops']['value'] if figures['peak_tflops'] else '?'} "
-                 f"TFLOP/s ({gpu or 'CPU'})")
+        named = ", ".join(kernels["attention_kernels"]) or "no attention kernel named"
+        lines.append(f"kernel time: matrix products {kernels['gemm_share']:.0%}, attention "
+                     f"{kernels['attention_share']:.0%} ({named})")
+    peak = figures["peak_tflops"]["value"] if figures["peak_tflops"] else "?"
+    lines.append(f"MFU = model FLOPs / s / peak, {MFU_RULE}; peak {peak} TFLOP/s ({gpu or 'CPU'})")
     return tuple(lines)
 
 
