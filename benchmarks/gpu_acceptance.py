@@ -20,7 +20,8 @@ Without a GPU (or with --dry-run) each GPU check runs its CPU side instead, the 
 without CUDA, and is reported SKIP with why; the script then exits 0 when every CPU side passed. --smoke is
 that dry run at the smallest sizes; tests/test_gpu_acceptance.py and tests/test_benchmarks.py run it (one run
 for both), so the script cannot rot. The table of micro-batches per GPU needs no GPU: benchmarks/gpu_table.py.
-Exit status: 0 every check that ran passed; 1 a check failed; 2 bad flags.
+Exit status: 0 every check that ran passed; 1 a check failed; 2 bad flags; 143 stopped by SIGTERM (the check
+running then ends its processes; the report keeps the checks before it).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
@@ -149,6 +151,15 @@ def pack_logs(logs: Path, archive: Path) -> None:
     tmp.replace(archive)
 
 
+class Terminated(BaseException):
+    """SIGTERM (a time limit on the whole command): not a check's failure, the end of the run. The check running
+    ends its processes on the way out (Context.run), the report so far is kept."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def write_json(path: Path, data: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
@@ -170,11 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = results_dir(args.out_dir)
     console = sys.stdout
+    previous = signal.signal(signal.SIGTERM, _terminate)
     with open(out / "console.log", "w", encoding="utf-8") as log:
         sys.stdout = Tee(console, log)
         try:
             return run(args, out, [sys.executable, *sys.argv] if argv is None else ["gpu_acceptance.py", *argv])
         finally:
+            signal.signal(signal.SIGTERM, previous)
             sys.stdout.flush()
             sys.stdout = console
 
@@ -195,7 +208,7 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
               "parts only", flush=True)
     else:
         print(f"gpu_acceptance: {gpus} x {ctx.gpu_name}; checks needing 2 GPUs are skipped with fewer", flush=True)
-    started = time.monotonic()
+    started, status = time.monotonic(), None
     try:
         for check in CHECKS:
             if args.only and check.name not in args.only and check.name != ALWAYS:
@@ -208,6 +221,10 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
             if check.name == ALWAYS:
                 write_json(out / "env.json", ctx.shared("environment", lambda: environment.dump(ctx)))
             pack_logs(ctx.log_dir, out / "logs.tar.gz")
+    except Terminated:
+        after = report.records[-1].name if report.records else "none"
+        print(f"gpu_acceptance: stopped by SIGTERM during the check after {after}; its processes ended", flush=True)
+        status = 128 + signal.SIGTERM
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -222,7 +239,7 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
         config = [] if args.config.resolve() == OFFICIAL_CONFIG.resolve() else ["--config", str(args.config)]
         print(f"gpu_acceptance: rerun the failed checks ({budget:.0f} s of budgets) with: python "
               f"benchmarks/gpu_acceptance.py {' '.join(['--only ' + name for name in failed] + config)}")
-    return 0 if report.passed else 1
+    return status or (0 if report.passed else 1)
 
 
 if __name__ == "__main__":

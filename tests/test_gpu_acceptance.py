@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -214,3 +215,33 @@ def test_the_summaries_of_a_gpu_run_print_the_figures_a_gpu_gives(tmp_path):
                                "cpu_cores": 16, "host_memory": "120 GiB available"}
     note = environment.machine(ctx).note
     assert note.startswith(f"1 x {gpu}, 78.9 of 79.2 GiB free; driver 580.65.06, torch 2.11.0+cu130, CUDA 13.0")
+
+
+def test_sigterm_ends_the_run_and_every_process_it_started(tmp_path):
+    """A time limit on the whole command (the GPU machine's) sends SIGTERM: the trainers of the check running
+    must not go on using the GPU after the command ended, and the report keeps the checks before it."""
+    from benchmarks.acceptance.context import descendants
+
+    out, work = tmp_path / "results", tmp_path / "work"
+    work.mkdir()
+    with open(tmp_path / "output.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "gpu_acceptance.py"), "--smoke", "--only",
+                                 "demo_resume", "--out-dir", str(out), "--work-dir", str(work)],
+                                stdout=log, stderr=subprocess.STDOUT, env=subprocess_env())
+    try:
+        deadline = time.monotonic() + scaled(120)
+        trainers: list[int] = []
+        while not trainers and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            trainers = [pid for pid in descendants(proc.pid) if "train_gpt_v2.py" in _command_line(pid)]
+        assert trainers, (tmp_path / "output.log").read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=scaled(60)) == 143, (tmp_path / "output.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [pid for pid in trainers if Path(f"/proc/{pid}").exists() and "train_gpt_v2.py" in _command_line(pid)] == []
+    report = json.loads((out / "gpu_acceptance.json").read_text())
+    assert [r["name"] for r in report["checks"]] == ["machine"]
+    assert "stopped by SIGTERM during the check after machine" in (out / "console.log").read_text()
+    assert list(work.iterdir()) == []  # the work folder went too

@@ -11,8 +11,8 @@ and which kernels take the GPU's time in one step (the profiler), attention's am
 
 Every layer of the config fits an H100 and the budget: an optimizer step at the official config over 64 long
 samples takes about a second there at 40% MFU (computed, not measured). On the CPU side of a dry run the same
-code runs at width 64 with the probe's passes above 2 samples failing (injected), without the GPU-only parts
-(synchronisations, the profiler's kernels).
+code runs at width 64 in fp32 with the probe's passes above 2 samples failing (injected); CUDA's sync debug mode is
+left out there, and the profiler sees torch's CPU ops instead of kernels.
 """
 from __future__ import annotations
 
