@@ -131,12 +131,21 @@ SMOKES: dict[str, Smoke] = {
         r"other \d+$",
         r"^all +(\d+) +\1$",
         r"^every trial kept its promise$"), 31),
-    # Its detailed checks are in tests/test_gpu_acceptance.py, on the same run's JSON report.
-    "gpu_acceptance.py": Smoke(("--smoke", "--out", "{out}/gpu_acceptance.json"), (
-        r"^PASS gpu_table: T4 16 GB=\{precision: fp16, micro_batch: \d+, micro_batch_grad_checkpointing: \d+, "
-        r"host_gib_pinned_saves: \d+",
-        r"^SKIP official_throughput: .*samples_per_s_small=",
-        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 35, one_thread=False),
+    # Its detailed checks are in tests/test_gpu_acceptance.py, on the same run's JSON report and results folder.
+    "gpu_acceptance.py": Smoke(("--smoke", "--out-dir", "{out}"), (
+        r"^PASS machine: ",
+        r"^SKIP official_step: .*CPU side passed\n  fp32, 2 layers at width 64, .*\n  probe: micro-batch 2 .* in "
+        rf"{NUM} s\n  step now: {NUM} s, ",
+        rf"^  before/after: AdamW foreach {NUM} s/step -> foreach \(the CPU.s\) {NUM} s/step",
+        r"^SKIP oom_and_precision: .*CPU side passed\n  real out-of-memory at micro-batch 4, halved to 2: ",
+        r"^SKIP background_save: .*CPU side passed\n  state .* by a background save .* against .* by a synchronous save",
+        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 60, one_thread=False),
+    "gpu_table.py": Smoke(("--smoke",), (
+        r"^check at width 128, fp32: .*: equal$",
+        r"^check at width 128, bf16: .*: equal$",
+        rf"^bytes a sample keeps for backward at the official config \(1738 positions\), bf16/fp16: {NUM} GiB",
+        r"^\| T4 16 GB \| fp16 \| \d+ \(computed\) \| \d+ \(computed\) \| [\d.]+ GiB \(computed\) \|$",
+        r"^\| H100 80 GB \| bf16 \| \d+ \(computed\) \| \d+ \(computed\) \| [\d.]+ GiB \(computed\) \|$"), 12),
 }
 
 

@@ -1,5 +1,9 @@
 """What every acceptance check is given: the machine, a work directory, the current check's deadline,
-inputs and runs shared between checks, and the trainer started as a process (alone or under torchrun)."""
+inputs and runs shared between checks, and the trainer started as a process (alone or under torchrun).
+
+Every process a check starts gets this checkout on PYTHONPATH: the GPU machine runs a copy of the working
+tree that is not pip-installed, where the trainer script would otherwise exit 2 ("no trainers package"),
+and a machine with another checkout installed would run that one's code."""
 from __future__ import annotations
 
 import math
@@ -13,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tests.demo_runs import REPO, SCRIPT, demo_flags, subprocess_env
+from trainers.model.gpt_model import GPTConfig
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
 # A hung collective under torchrun ends after this many seconds instead of 30 minutes.
@@ -36,6 +41,14 @@ class Finished:
         return self.stderr[-chars:].strip()
 
 
+def child_env(kill_at: str | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process a check starts: the tests' (one thread, no fault variables but those
+    given), with this checkout first on PYTHONPATH."""
+    full = subprocess_env(kill_at, env)
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full.get("PYTHONPATH")) if p)
+    return full
+
+
 @dataclass
 class Context:
     work: Path  # a fresh directory for this invocation
@@ -44,6 +57,7 @@ class Context:
     dry_run: bool  # CPU sides only, even where a GPU is present
     budget_scale: float = 1.0
     smoke: bool = False  # --smoke: a dry run whose CPU sides measure at smaller sizes where they can
+    config: Path = REPO / "checkpoints" / "config.yaml"  # the model under test (--config): its gpt section
     deadline: float = math.inf  # of the check running now (time.monotonic)
     memo: dict[str, Any] = field(default_factory=dict)
     logs: int = 0  # trainer logs written so far, for their file names
@@ -64,6 +78,18 @@ class Context:
             self.memo[key] = make()
         return self.memo[key]
 
+    def gpt(self, **changes: Any) -> GPTConfig:
+        """The gpt section of the config under test, with `changes`."""
+        from benchmarks.acceptance.corpus import read_gpt
+        return read_gpt(self.config, **changes)
+
+    @property
+    def log_dir(self) -> Path:
+        """Every process's log and whatever else the archive of logs should hold."""
+        path = self.work / "logs"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def demo(self) -> list[str]:
         """Flags naming the demo corpus, tokenizer and base checkpoint (generated once, as the tests do)."""
         return self.shared("demo_assets", lambda: demo_flags(self.folder("demo_assets")))
@@ -82,12 +108,12 @@ class Context:
         """The trainer as a process of its own, to be started by `run` (`launcher`: another way to start
         train_gpt_v2.py, e.g. with a memory cap; it gets the trainer's flags after its own arguments)."""
         command = [*(launcher or [sys.executable, str(SCRIPT)]), "--output-dir", str(out), *args]
-        return Job(command, subprocess_env(kill_at, env))
+        return Job(command, child_env(kill_at, env))
 
     def torchrun(self, processes: int, out: Path, *args: str, kill_at: str | None = None,
                  env: dict[str, str] | None = None) -> Job:
         command = [*TORCHRUN, str(processes), str(SCRIPT), "--output-dir", str(out), *args]
-        return Job(command, subprocess_env(kill_at, {**DDP_BACKSTOP, **(env or {})}))
+        return Job(command, child_env(kill_at, {**DDP_BACKSTOP, **(env or {})}))
 
     def run(self, *jobs: Job) -> list[Finished]:
         """The jobs at the same time (a run's start-up dominates on a GPU machine), each logging to a file (no
@@ -96,7 +122,9 @@ class Context:
         try:
             for job in jobs:
                 self.logs += 1
-                log = self.folder(f"logs/{self.logs:03d}.log")
+                log = self.log_dir / f"{self.logs:03d}.log"
+                with open(self.log_dir / "commands.txt", "a", encoding="utf-8") as index:
+                    index.write(f"{log.name}: {' '.join(job.command)}\n")
                 with open(log, "w", encoding="utf-8") as sink:
                     proc = subprocess.Popen(job.command, env=job.env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=sink,
                                             start_new_session=True)

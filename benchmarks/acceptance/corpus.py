@@ -1,7 +1,9 @@
-"""Inputs for trainer runs at the official model size, generated in seconds (nothing is downloaded).
+"""Inputs for trainer runs at the official model size, generated in seconds (nothing is downloaded), and the
+model of the config under test.
 
-* A config: checkpoints/config.yaml (the official gpt section), optionally with a few values changed (fewer
-  layers for the forced out-of-memory run; a small width for the CPU side of a dry run).
+* A config: the config under test (checkpoints/config.yaml, IndexTTS2's official gpt section, unless
+  gpu_acceptance.py --config names another), optionally with a few values changed (fewer layers for the
+  forced out-of-memory run; a small width for the CPU side of a dry run).
 * A tokenizer of exactly gpt.number_text_tokens (12,000) pieces, so the model has the official text
   embedding and head: the demo tokenizer padded with user-defined pieces (tools/tokenizer/sp_model_proto.py).
   Only its size matters: the corpus's text ids are written directly.
@@ -17,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import yaml
 
 from tests.demo_runs import REPO
 from trainers.tools.tokenizer import sp_model_proto as proto
-from trainers.model.gpt_model import GPTConfig
+from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.layout import CONDITION_LEN, PREFIX_LEN
 
-OFFICIAL_CONFIG = REPO / "checkpoints" / "config.yaml"
+OFFICIAL_CONFIG = REPO / "checkpoints" / "config.yaml"  # IndexTTS2's; --config names another model under test
 # The longest sample of the synthetic TTS lengths of benchmarks/padding.py (text 10-200, codes 50-1500).
 LONG_TEXT, LONG_CODES = 200, 1500
 SPEAKERS = 4
@@ -45,9 +48,11 @@ class Corpus:
     code_len: int
     samples: int
 
-    def flags(self) -> list[str]:
-        return ["--train-manifest", str(self.train), "--val-manifest", str(self.val), "--tokenizer",
-                str(self.tokenizer), "--config", str(self.config)]
+    def flags(self, validation: bool = True) -> list[str]:
+        """The trainer's flags naming this corpus (validation False: no validation set, so no validation and no
+        best.pth, a whole checkpoint, at step 0)."""
+        return ["--train-manifest", str(self.train), *(["--val-manifest", str(self.val)] if validation else []),
+                "--tokenizer", str(self.tokenizer), "--config", str(self.config)]
 
     @property
     def positions(self) -> int:
@@ -56,12 +61,26 @@ class Corpus:
 
 def official_gpt(**changes: Any) -> GPTConfig:
     """The official model config (checkpoints/config.yaml's gpt section), with `changes`."""
-    return GPTConfig.from_yaml_section(_official_yaml()["gpt"], **changes)
+    return read_gpt(OFFICIAL_CONFIG, **changes)
 
 
-def write_config(path: Path, **changes: Any) -> Path:
-    """checkpoints/config.yaml with the gpt values in `changes` replaced."""
-    data = _official_yaml()
+def read_gpt(config: Path, **changes: Any) -> GPTConfig:
+    """The gpt section of `config`, with `changes`."""
+    return GPTConfig.from_yaml_section(_yaml(config)["gpt"], **changes)
+
+
+def build_model(cfg: GPTConfig, device: torch.device | str = "cpu") -> UnifiedVoiceGPT:
+    """The model a config describes, initialised on `device` as the trainer initialises it (seed 0). The one
+    place the acceptance checks build a model of the config under test: a model family other than IndexTTS2's
+    (IndexTTS-2.5) is chosen here, from its config."""
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        return UnifiedVoiceGPT(cfg).train()
+
+
+def write_config(path: Path, source: Path = OFFICIAL_CONFIG, **changes: Any) -> Path:
+    """The config `source` with the gpt values in `changes` replaced."""
+    data = _yaml(source)
     data["gpt"].update(changes)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -79,11 +98,12 @@ def write_tokenizer(path: Path, base: Path, pieces: int) -> Path:
 
 
 def write_corpus(root: Path, base_tokenizer: Path, changes: dict[str, Any] | None = None, text_len: int = LONG_TEXT,
-                 code_len: int = LONG_CODES, samples: int = 128, val_samples: int = 8, seed: int = 0) -> Corpus:
-    """Config, tokenizer and manifests (single-utterance lines) under `root`; random features of the right
-    shapes and ranges: text ids of the tokenizer, codes below start_mel_token."""
-    config = write_config(root / "config.yaml", **(changes or {}))
-    gpt = official_gpt(**(changes or {}))
+                 code_len: int = LONG_CODES, samples: int = 128, val_samples: int = 8, seed: int = 0,
+                 source: Path = OFFICIAL_CONFIG) -> Corpus:
+    """Config (`source` with `changes`), tokenizer and manifests (single-utterance lines) under `root`; random
+    features of the right shapes and ranges: text ids of the tokenizer, codes below start_mel_token."""
+    config = write_config(root / "config.yaml", source, **(changes or {}))
+    gpt = read_gpt(source, **(changes or {}))
     tokenizer = write_tokenizer(root / "bpe.model", base_tokenizer, gpt.number_text_tokens)
     rng = np.random.default_rng(seed)
     features = root / "features"
@@ -108,5 +128,5 @@ def write_corpus(root: Path, base_tokenizer: Path, changes: dict[str, Any] | Non
     return Corpus(manifests["train"], manifests["val"], tokenizer, config, text_len, code_len, samples)
 
 
-def _official_yaml() -> dict[str, Any]:
-    return yaml.safe_load(OFFICIAL_CONFIG.read_text(encoding="utf-8"))
+def _yaml(config: Path) -> dict[str, Any]:
+    return yaml.safe_load(config.read_text(encoding="utf-8"))

@@ -19,6 +19,10 @@ import re
 
 from trainers.model.gpt_model import GPTConfig
 
+# How the model FLOPs are counted, in the words the acceptance run prints beside every MFU.
+MFU_RULE = ("model FLOPs per sample = 6 x block params x positions + 12 x layers x width x positions^2 (PaLM's "
+            "attention) + 6 x width x vocab x targets (heads); dense bf16 peak from NVIDIA's data sheet")
+
 # (pattern on torch.cuda.get_device_name(), peak TFLOP/s, precision, source); first match wins.
 PEAKS: tuple[tuple[str, float, str, str], ...] = (
     (r"H100.*PCIe", 756.0, "bf16", "NVIDIA H100 data sheet, PCIe"),

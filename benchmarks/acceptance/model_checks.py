@@ -8,10 +8,10 @@ from contextlib import nullcontext
 
 import torch
 
-from benchmarks.acceptance.context import Context, Job
-from benchmarks.acceptance.corpus import official_gpt
+from benchmarks.acceptance.context import Context, Job, child_env
+from benchmarks.acceptance.corpus import build_model
 from benchmarks.acceptance.runner import Outcome
-from tests.demo_runs import REPO, subprocess_env
+from tests.demo_runs import REPO
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.sample_dropout import MASK_VERSIONS, SampleDropout, dropout_keys
 
@@ -26,6 +26,11 @@ BF16_RTOL = 2e-2
 # fp16 keeps 11 bits, 8x bf16's precision, but overflows above 65504: 1% catches an overflow or bad scaling.
 FP16_RTOL = 1e-2
 HEAD_SCALE = 10.0  # see _model
+# The official width with this many of its layers: how far CUDA's kernels agree with the CPU's does not depend on
+# the depth, and the CPU's fp32 reference pass then takes seconds on the GPU machine's time.
+LOSS_LAYERS = 6
+LENGTHS = ((120, 600), (80, 400))  # (text, codes) of the two samples: padding and packing take part
+SMALL_LENGTHS = ((12, 60), (8, 40))
 # A skipif on CUDA: the tests the CPU suite cannot run.
 CUDA_SKIP = re.compile(r"@pytest\.mark\.skipif\(\s*not torch\.cuda\.is_available\(\)[^\n]*\n(?:@[^\n]*\n)*"
                        r"def (test_\w+)")
@@ -42,9 +47,9 @@ def cuda_only_tests() -> list[str]:
 
 def _run_tests(ctx: Context, ids: list[str]) -> dict[str, tuple[str, str]]:
     """{test id: (passed|skipped|failed, message)} from pytest's JUnit XML."""
-    xml = ctx.folder("cuda_tests.xml")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *ids]
-    done = ctx.run_one(Job(command, subprocess_env()))
+    xml = ctx.log_dir / "cuda_tests.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", f"--junitxml={xml}", *ids]
+    done = ctx.run_one(Job(command, child_env()))
     if not xml.exists():
         raise RuntimeError(f"pytest wrote no report (exit {done.returncode}): {done.tail()}")
     results = {}
@@ -133,10 +138,10 @@ def dropout_masks_cpu_side(ctx: Context) -> Outcome:
 # -- losses in each precision ----------------------------------------------------------------------------------
 
 
-def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None) -> dict[str, float]:
+def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None,
+          lens: tuple[tuple[int, int], ...] = LENGTHS) -> dict[str, float]:
     """Mean text and mel cross-entropy and the global gradient norm of one training pass (dropout on)."""
     cfg, g = model.cfg, torch.Generator().manual_seed(3)
-    lens = ((120, 600), (80, 400))  # two samples of different lengths: padding and packing take part
     text, codes = max(t for t, _ in lens), max(c for _, c in lens)
     batch = (torch.randn(2, 32, cfg.model_dim, generator=g), torch.randn(2, cfg.model_dim, generator=g),
              torch.randint(2, cfg.number_text_tokens, (2, text), generator=g), torch.tensor([t for t, _ in lens]),
@@ -165,9 +170,7 @@ def _model(cfg) -> UnifiedVoiceGPT:
     """The trainer's initialisation, with the heads 10x larger: logits of a spread like a trained model's
     (std about 7 instead of 0.7), so that the losses depend on what the products compute, not only on the
     vocabulary's size (near-uniform logits give ln(vocabulary) whatever the precision)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = UnifiedVoiceGPT(cfg).train()
+    model = build_model(cfg)
     with torch.no_grad():
         for head in (model.text_head, model.mel_head):
             head.weight.mul_(HEAD_SCALE)
@@ -175,8 +178,8 @@ def _model(cfg) -> UnifiedVoiceGPT:
 
 
 def model_losses(ctx: Context) -> Outcome:
-    """The official model: CUDA fp32 (TF32 off) against the CPU's fp32; CUDA bf16 and fp16 against CUDA fp32."""
-    cuda = _model(official_gpt())
+    """The official width: CUDA fp32 (TF32 off) against the CPU's fp32; CUDA bf16 and fp16 against CUDA fp32."""
+    cuda = _model(ctx.gpt(layers=LOSS_LAYERS))
     figures: dict = {"fp32_cpu": _pass(cuda, "cpu", None)}
     cuda.zero_grad(set_to_none=True)
     cuda.cuda()  # the same weights, moved
@@ -191,14 +194,23 @@ def model_losses(ctx: Context) -> Outcome:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
         del cuda
         torch.cuda.empty_cache()
-    return Outcome(ok, figures, f"tolerances: fp32 CPU/CUDA {FP32_DEVICE_RTOL}, bf16 {BF16_RTOL}, fp16 {FP16_RTOL}")
+    return Outcome(ok, figures, "", _loss_lines(figures, LOSS_LAYERS))
+
+
+def _loss_lines(figures: dict, layers: int) -> tuple[str, ...]:
+    ref = "fp32_cuda" if "fp32_cuda" in figures else "fp32_cpu"
+    parts = [f"{name.replace('_', ' ')} {figures[name]['rel_diff']:.1e}" for name in figures if name != "fp32_cpu"]
+    return (f"{layers} layers at the official width, one training pass: loss vs {ref.replace('_', ' ')} "
+            f"(relative): {', '.join(parts)}; tolerances fp32 CPU/CUDA {FP32_DEVICE_RTOL}, bf16 {BF16_RTOL}, "
+            f"fp16 {FP16_RTOL}",)
 
 
 def model_losses_cpu_side(ctx: Context) -> Outcome:
-    """The same comparisons on the CPU's autocast (bf16 and fp16 against fp32) with the official config at width 64
-    and 2 layers: fp16 is 52x slower than fp32 on this CPU at the official width."""
-    model = _model(official_gpt(model_dim=64, heads=4, layers=2))
-    figures: dict = {"fp32_cpu": _pass(model, "cpu", None)}
-    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16), figures["fp32_cpu"], BF16_RTOL)
-    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16), figures["fp32_cpu"], FP16_RTOL)
-    return Outcome(ok, figures)
+    """The same comparisons on the CPU's autocast (bf16 and fp16 against fp32) at width 64, 2 layers and short
+    samples: without bf16 instructions a CPU's bf16 and fp16 products are ~50-80x slower than fp32."""
+    model = _model(ctx.gpt(model_dim=64, heads=4, layers=2))
+    figures: dict = {"fp32_cpu": _pass(model, "cpu", None, SMALL_LENGTHS)}
+    ref = figures["fp32_cpu"]
+    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16, SMALL_LENGTHS), ref, BF16_RTOL)
+    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16, SMALL_LENGTHS), ref, FP16_RTOL)
+    return Outcome(ok, figures, "", _loss_lines(figures, 2))

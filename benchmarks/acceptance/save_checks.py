@@ -1,8 +1,10 @@
 """A background save at the official size through the trainer's Checkpointer: the pinned host memory its
-snapshot buffers take, measured, and an in-place update of every tensor right after the snapshot, which
-must not reach the file (the snapshot's copies from the GPU are complete when the save call returns)."""
+snapshot buffers take, measured; how long it blocks the loop against a synchronous save of the same state;
+and an in-place update of every tensor right after the snapshot, which must not reach the file (the
+snapshot's copies from the GPU are complete when the save call returns). Both files are deleted once read."""
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,13 +82,27 @@ def _save_and_update(ctx: Context, scale: float) -> dict:
     checkpointer.wait()
     figures["write_s"] = round(time.perf_counter() - t1, 1)
     checkpointer.close()
-    del sections
     saved = schema.read(Path(out) / "latest.pth", mmap=True)
     found = {p: t for p, t in tensors(dict(saved.sections)) if p in before}
     changed = [".".join(map(str, p)) for p, t in found.items() if not torch.equal(_samples(t), before[p])]
     missing = [".".join(map(str, p)) for p in before if p not in found]
     figures.update(compared=len(found), reached_the_file=changed[:5] or 0, missing_from_the_file=missing[:5] or 0)
+    del saved, found
+    shutil.rmtree(out)
+    figures["sync_blocked_s"] = _synchronous_save(ctx, sections)
     return figures
+
+
+def _synchronous_save(ctx: Context, sections: dict) -> float:
+    """Seconds a synchronous save of the same state blocks the loop (the whole write, checksums and fsync)."""
+    out = ctx.folder("synchronous_save")
+    checkpointer = Checkpointer(out, keep=1, components={k: Fixed(v) for k, v in sections.items()}, background=False)
+    started = time.perf_counter()
+    checkpointer.save(2)
+    blocked = time.perf_counter() - started
+    checkpointer.close()
+    shutil.rmtree(out)
+    return round(blocked, 2)
 
 
 def _unchanged(figures: dict) -> bool:
@@ -102,11 +118,22 @@ def background_save(ctx: Context) -> Outcome:
         measured, planned = figures["rss_growth_gib"], figures["reserved_planned_gib"]
     ok = figures["background"] and planned > 0 and abs(measured - planned) <= PINNED_RTOL * planned
     ok = ok and _unchanged(figures)
-    return Outcome(ok, figures, f"pinned bytes within {PINNED_RTOL:.0%} of the packed blocks planned; no update "
-                   "reached the file")
+    return Outcome(ok, figures, "", _lines(figures, measured, planned))
+
+
+def _lines(figures: dict, measured: float | None, planned: float | None) -> tuple[str, ...]:
+    lines = [f"state {figures['state_gb']} GB ({figures['tensors']} tensors): the loop blocked "
+             f"{figures['loop_blocked_s']} s by a background save (written in {figures['write_s']} s meanwhile) "
+             f"against {figures['sync_blocked_s']} s by a synchronous save",
+             f"an update of every tensor right after the snapshot reached the file: "
+             f"{figures['reached_the_file'] or 'none'} ({figures['compared']} tensors compared)"]
+    if measured is not None:
+        lines.append(f"host memory of the snapshot buffers: {measured} GiB measured, {planned} GiB planned "
+                     f"(limit {PINNED_RTOL:.0%}); reserved in {figures['reserve_s']} s")
+    return tuple(lines)
 
 
 def background_save_cpu_side(ctx: Context) -> Outcome:
     """1% of the official size on the CPU (pageable buffers): the update must not reach the file here either."""
     figures = _save_and_update(ctx, DRY_RUN_SCALE)
-    return Outcome(figures["background"] and _unchanged(figures), figures)
+    return Outcome(figures["background"] and _unchanged(figures), figures, "", _lines(figures, None, None))

@@ -40,8 +40,9 @@ class StepResult:
 
 class Optimization:
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | None,
-                 device_type: str = "cuda", schedule: LRSchedule | None = None) -> None:
-        self.optimizer, self.param_names = _adamw(model, cfg)
+                 device_type: str = "cuda", schedule: LRSchedule | None = None, fused: bool | None = None) -> None:
+        """`fused`: AdamW's fused kernels (None: where every trained parameter is on a GPU, see `_wants_fused`)."""
+        self.optimizer, self.param_names, self.fused = _adamw(model, cfg, fused)
         self.schedule = schedule if schedule is not None else configured_schedule(cfg)
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
         self.frozen = frozen
@@ -101,7 +102,7 @@ class Optimization:
         cpu = torch.device("cpu")
         return [size for p in self.params if not self.optimizer.state.get(p)
                 for size in ((p.numel() * p.element_size(), p.device), (p.numel() * p.element_size(), p.device),
-                             (4, cpu))]
+                             (4, p.device if self.fused else cpu))]
 
     def discard_gradients(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -136,14 +137,39 @@ class Optimization:
         planned, before the model was built (trainers/run/schedule.py), and given to the constructor."""
         if not self.resume_problems(state):
             self.optimizer.load_state_dict(state["optimizer"])
+            self._keep_own_kernels()
             if state["scaler"] and self.scaler.is_enabled():
                 self.scaler.load_state_dict(state["scaler"])
         if self.frozen:
             self.frozen.load_state_dict(state["frozen_rows"])
 
 
-def _adamw(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW, list[str]]:
-    """AdamW over the parameters that receive gradients; no decay on biases and norms."""
+    def _keep_own_kernels(self) -> None:
+        """AdamW's load_state_dict takes `fused` from the saved groups: a GPU run's checkpoint resumed on the CPU
+        would run the fused CPU kernels (other rounding than a CPU run), an earlier GPU checkpoint would drop them.
+        This machine's choice stays, with each step count where its kernels keep it (fused: on the parameter's
+        device; otherwise on the CPU, where reading it costs no synchronisation)."""
+        for group in self.optimizer.param_groups:
+            if bool(group.get("fused")) == self.fused:
+                continue
+            group["fused"] = True if self.fused else None
+            for p in group["params"]:
+                step = self.optimizer.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    self.optimizer.state[p]["step"] = step.to(p.device if self.fused else "cpu", torch.float32)
+
+
+def _wants_fused(params: list[torch.nn.Parameter]) -> bool:
+    """Fused AdamW (one kernel launch per group of tensors instead of a dozen passes) where every trained
+    parameter is on a GPU. Never on the CPU: its fused kernel rounds differently from the default, and CPU runs
+    must keep their results bit for bit."""
+    return bool(params) and all(p.device.type == "cuda" for p in params)
+
+
+def _adamw(model: torch.nn.Module, cfg: TrainConfig,
+           fused: bool | None = None) -> tuple[torch.optim.AdamW, list[str], bool]:
+    """AdamW over the parameters that receive gradients; no decay on biases and norms. Returns it, the
+    parameters' names and whether it is fused."""
     decay, no_decay, names = [], [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -152,6 +178,8 @@ def _adamw(model: torch.nn.Module, cfg: TrainConfig) -> tuple[torch.optim.AdamW,
     for params, wd in ((decay, cfg.weight_decay), (no_decay, 0.0)):
         names += [n for n, _ in params]
         groups.append({"params": [p for _, p in params], "weight_decay": wd})
+    if fused is None:
+        fused = _wants_fused([p for g in groups for p in g["params"]])
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                  eps=cfg.adam_eps)
-    return optimizer, names
+                                  eps=cfg.adam_eps, **({"fused": True} if fused else {}))
+    return optimizer, names, fused

@@ -1,8 +1,11 @@
-"""The "Which GPU, which settings" table of docs/gpu.md, computed (no GPU is needed, none is measured).
+#!/usr/bin/env python3
+"""The "Which GPU, which settings" table of docs/gpu.md, computed on the CPU (no GPU is needed, none is measured).
+
+    python benchmarks/gpu_table.py [--smoke]
 
 For each GPU class: the precision --amp auto picks there (trainers/hardware/precision.py), the micro-batch the
-probe's budget allows at the official config for samples of the corpus's long lengths, without and with
-gradient checkpointing, and the host memory background saves need.
+probe's budget allows at the official config for samples of the acceptance corpus's long lengths, without and
+with gradient checkpointing, and the host memory background saves need.
 
 Micro-batch: the largest n for which the probe's own budget (trainers/hardware/batch_probe.py MemoryBudget:
 85% of the free memory, AdamW's moments, the optimizer update's temporary) allows a pass peaking at
@@ -16,30 +19,46 @@ flash attention and the CPU's fused attention keep no score matrix). With gradie
 keeps only its fp32 input, plus one block's activations while it is recomputed. fp16 keeps what bf16 does
 (same element size, same autocast op lists); the CPU's autocast op lists are close to CUDA's, not equal.
 The probe itself measures on the GPU; these figures say what to expect, not what it will answer.
+
+Only the bytes matter, so the matrix products and attention are not computed (ShapesOnly: each returns zeros of
+its output's shape, strides and dtype): the measurement takes seconds whatever the CPU, where a bf16 product on a
+CPU without bf16 instructions (AVX2 only) runs ~80x slower than fp32. Every run first checks that this changes
+no byte: at width 128 the saved bytes with and without the products computed must be equal, in fp32 and bf16.
+
+--smoke (for tests/test_benchmarks.py): the same at 1/32 of the lengths. Exit 0; 1 when the check above fails.
 """
 from __future__ import annotations
 
+import argparse
+import platform
+import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
-import torch
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.acceptance.context import Context
-from benchmarks.acceptance.corpus import LONG_CODES, LONG_TEXT, official_gpt, positions
-from benchmarks.acceptance.runner import Outcome
-from benchmarks.save_stall import official_shapes
-from trainers.checkpoint.host_blocks import reserved_bytes
-from trainers.checkpoint.save_mode import HEADROOM_BYTES, WORKER_BYTES, choose_save_mode
-from trainers.hardware.batch_probe import MEMORY_MARGIN, MemoryBudget
-from trainers.hardware.detect import GpuInfo, Hardware, auto_workers
-from trainers.hardware.host_memory import GiB, HostMemory
-from trainers.hardware.precision import choose_amp
-from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_map  # noqa: E402
+
+from benchmarks.acceptance.corpus import LONG_CODES, LONG_TEXT, official_gpt, positions  # noqa: E402
+from benchmarks.save_stall import official_shapes  # noqa: E402
+from trainers.checkpoint.host_blocks import reserved_bytes  # noqa: E402
+from trainers.checkpoint.save_mode import HEADROOM_BYTES, WORKER_BYTES, choose_save_mode  # noqa: E402
+from trainers.hardware.batch_probe import MEMORY_MARGIN, MemoryBudget  # noqa: E402
+from trainers.hardware.detect import GpuInfo, Hardware, auto_workers  # noqa: E402
+from trainers.hardware.host_memory import GiB, HostMemory  # noqa: E402
+from trainers.hardware.precision import choose_amp  # noqa: E402
+from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys  # noqa: E402
 
 CUDA_CONTEXT = GiB // 2  # the CUDA context and library handles: taken before the probe reads the free memory
 MEASURE_SHARE = 8  # measured at 1/8 of the long lengths, scaled up
 SMOKE_MEASURE_SHARE = 32
+CHECK_WIDTH = 128  # where ShapesOnly is checked against the computed products
 MAX_MICRO_BATCH = 4096  # where the search stops (a measurement of 0 bytes per sample would never end it)
 HOST_CORES = 8  # CPU cores assumed beside the GPU: 4 data-loader processes (half the cores, at most 4)
 # (name, memory as nvidia-smi reports it in MiB, compute capability)
@@ -51,6 +70,27 @@ GPUS: tuple[tuple[str, int, tuple[int, int]], ...] = (
     ("A100 80 GB", 81920, (8, 0)),
     ("H100 80 GB", 81559, (9, 0)),
 )
+
+
+aten = torch.ops.aten
+# The products and attention kernels the model runs on the CPU, fp32 or under autocast.
+PRODUCTS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+class ShapesOnly(TorchDispatchMode):
+    """Matrix products and attention return zeros of their outputs' shapes, strides and dtypes instead of
+    computing them (the outputs come from the ops' meta kernels). Autograd, which sits above this mode, saves
+    those tensors as it would the computed ones; everything else runs as usual."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in PRODUCTS:
+            return func(*args, **kwargs)
+        on_meta = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs))
+        out = func(*on_meta[0], **on_meta[1])
+        return tree_map(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).zero_()
+                        if isinstance(t, torch.Tensor) else t, out)
 
 
 @dataclass(frozen=True)
@@ -70,13 +110,28 @@ class Activations:
         return layers * self.weight_copies_per_layer + self.weight_copies_rest
 
 
-def measure(share: int = MEASURE_SHARE) -> dict[str, Activations]:
-    """Bytes saved for backward in fp32 and under bf16 autocast ("half": fp16 keeps the same), measured at 1/share
-    of the long lengths on one model at the official width with 2 layers."""
+def _model(**changes) -> UnifiedVoiceGPT:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = UnifiedVoiceGPT(official_gpt(layers=2)).train()
+        return UnifiedVoiceGPT(official_gpt(layers=2, **changes)).train()
+
+
+def measure(share: int = MEASURE_SHARE) -> dict[str, Activations]:
+    """Bytes saved for backward in fp32 and under bf16 autocast ("half": fp16 keeps the same), measured at 1/share
+    of the long lengths on one model at the official width with 2 layers, the products not computed."""
+    model = _model()
     return {"fp32": measure_activations(model, None, share), "half": measure_activations(model, torch.bfloat16, share)}
+
+
+def shapes_only_changes_nothing(share: int) -> dict[str, tuple[int, int]]:
+    """{precision: (bytes saved with the products computed, without)} at width CHECK_WIDTH: must be equal."""
+    model = _model(model_dim=CHECK_WIDTH, heads=CHECK_WIDTH // 64)
+    text, codes = LONG_TEXT // share, LONG_CODES // share
+    found = {}
+    for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        found[name] = (_saved_bytes(model, 2, text, codes, dtype, skip=False),
+                       _saved_bytes(model, 2, text, codes, dtype))
+    return found
 
 
 def measure_activations(model: UnifiedVoiceGPT, dtype: torch.dtype | None, share: int) -> Activations:
@@ -96,7 +151,9 @@ def measure_activations(model: UnifiedVoiceGPT, dtype: torch.dtype | None, share
     return Activations(layer, (sample[1] - layer * seq) / seq, copies[2] - copies[1], 2 * copies[1] - copies[2])
 
 
-def _saved_bytes(model: UnifiedVoiceGPT, n: int, text: int, codes: int, dtype: torch.dtype | None) -> int:
+def _saved_bytes(model: UnifiedVoiceGPT, n: int, text: int, codes: int, dtype: torch.dtype | None,
+                 skip: bool = True) -> int:
+    """Bytes of the storages autograd saves in one forward (the weights' own excluded); `skip`: under ShapesOnly."""
     cfg, g = model.cfg, torch.Generator().manual_seed(n)
     batch = (torch.randn(n, 32, cfg.model_dim, generator=g), torch.randn(n, cfg.model_dim, generator=g),
              torch.randint(2, cfg.number_text_tokens, (n, text), generator=g), torch.full((n,), text),
@@ -111,7 +168,7 @@ def _saved_bytes(model: UnifiedVoiceGPT, n: int, text: int, codes: int, dtype: t
         return t
 
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else nullcontext()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast, ShapesOnly() if skip else nullcontext():
         sums = model.loss_sums(*batch, dropout_keys=dropout_keys(0, 0, torch.arange(n)))
     del sums  # the graph and what it saved go with it
     return sum(storages.values())
@@ -169,15 +226,37 @@ def table(measured: dict[str, Activations]) -> dict[str, dict]:
     return {name: gpu_row(name, mib, cap, measured) for name, mib, cap in GPUS}
 
 
-def check(ctx: Context) -> Outcome:
-    """The table's rows, and the bytes a sample keeps for backward at the official config (fp32, bf16/fp16);
-    --smoke measures at a quarter of the usual lengths (seconds less; the figures then differ a little)."""
-    measured = measure(SMOKE_MEASURE_SHARE if ctx.smoke else MEASURE_SHARE)
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help=f"measure at 1/{SMOKE_MEASURE_SHARE} of the lengths (seconds)")
+    args = p.parse_args()
+    share = SMOKE_MEASURE_SHARE if args.smoke else MEASURE_SHARE
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+          f"{torch.__version__}; measured at 1/{share} of {LONG_TEXT} text and {LONG_CODES} codes")
+    started = time.perf_counter()
+    same = shapes_only_changes_nothing(SMOKE_MEASURE_SHARE)
+    for name, (computed, shapes) in same.items():
+        print(f"check at width {CHECK_WIDTH}, {name}: saved bytes with the products computed {computed:,}, "
+              f"without {shapes:,}: {'equal' if computed == shapes else 'DIFFERENT'}")
+    if any(computed != shapes for computed, shapes in same.values()):
+        print("FAIL: skipping the products changes what autograd saves; the table below would be wrong")
+        return 1
+    measured = measure(share)
     cfg, seq = official_gpt(), positions(LONG_TEXT, LONG_CODES)
-    figures: dict = table(measured)
-    figures["per_sample_gib"] = {key: round(act.per_sample(cfg.layers, seq, False, cfg.model_dim) / GiB, 3)
-                                 for key, act in measured.items()}
-    figures["per_sample_gib_grad_checkpointing"] = {
-        key: round(act.per_sample(cfg.layers, seq, True, cfg.model_dim) / GiB, 3) for key, act in measured.items()}
-    ok = all(figures[name]["micro_batch"] >= 1 for name, _, _ in GPUS)
-    return Outcome(ok, figures, "computed, not measured")
+    for key, act in measured.items():
+        plain, recomputed = (act.per_sample(cfg.layers, seq, c, cfg.model_dim) / GiB for c in (False, True))
+        print(f"bytes a sample keeps for backward at the official config ({seq} positions), "
+              f"{'fp32' if key == 'fp32' else 'bf16/fp16'}: {plain:.3f} GiB; with --grad-checkpointing "
+              f"{recomputed:.3f} GiB")
+    print("| GPU | --amp auto picks | micro-batch | with --grad-checkpointing | host RAM for pinned background saves |")
+    print("|---|---|---|---|---|")
+    for name, row in table(measured).items():
+        print(f"| {name} | {row['precision']} | {row['micro_batch']} (computed) | "
+              f"{row['micro_batch_grad_checkpointing']} (computed) | {row['host_gib_pinned_saves']:.1f} GiB "
+              "(computed) |")
+    print(f"measured and computed in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""The training step at the official width on the GPU, in this process, with the trainer's own pieces: its
+micro-batch probe (trainers/hardware/batch_probe.py), autocast, the model's loss sums and its optimizer
+(trainers/training/optimization.py), split and normalised as trainers/loop.py's train_step does.
+
+What it reports: the probe's answer and how long it took; seconds per optimizer step, samples, positions and
+tokens per second and model FLOPs utilisation (flops.py) of the step as the trainer runs it now, and of the
+switches that exist, side by side on the same model and inputs (AdamW foreach, the trainer's kernels until
+fused AdamW, against fused; --dropout 0.1, the trainer's default, against 0); the peak memory of the steps;
+the host-device synchronisations of one step and the lines that cause them (torch.cuda.set_sync_debug_mode);
+and which kernels take the GPU's time in one step (the profiler), attention's among them.
+
+Every layer of the config fits an H100 and the budget: an optimizer step at the official config over 64 long
+samples takes about a second there at 40% MFU (computed, not measured). On the CPU side of a dry run the same
+code runs at width 64 in fp32 with the probe's passes above 2 samples failing (injected); CUDA's sync debug mode is
+left out there, and the profiler sees torch's CPU ops instead of kernels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from benchmarks.acceptance.context import CheckTimeout, Context
+from benchmarks.acceptance.corpus import LONG_CODES, LONG_TEXT, build_model, positions
+from benchmarks.acceptance.flops import MFU_RULE, flops_per_sample, mfu, peak_flops
+from benchmarks.acceptance.runner import Outcome
+from trainers.config.settings import TrainConfig
+from trainers.faults import OomInjector
+from trainers.hardware.batch_probe import MEMORY_MARGIN, largest_fitting, model_fits
+from trainers.hardware.detect import detect_hardware
+from trainers.hardware.oom_recovery import release_memory
+from trainers.hardware.precision import choose_amp
+from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
+from trainers.model.layout import CONDITION_LEN
+from trainers.training.evaluation import autocast_for
+from trainers.training.optimization import Optimization
+
+EFFECTIVE_BATCH = 64
+TIMED_STEPS = 3  # per variant, after one untimed step (AdamW's state, cuBLAS's plans, the allocator's blocks)
+SEED = 1234
+RESERVE_S = 5.0  # of the check's budget, kept for what follows the timed steps
+SETTINGS = TrainConfig(learning_rate=2e-5, warmup_steps=0)  # the trainer's defaults otherwise (--dropout 0.1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    fused: bool | None  # AdamW's fused kernels (None: the trainer's choice, fused where the weights are on a GPU)
+    dropout: float
+    what: str
+
+
+# The trainer's step now first; the others each change one switch.
+VARIANTS = (
+    Variant("now", None, SETTINGS.dropout, "the trainer's step: fused AdamW on a GPU, --dropout 0.1"),
+    Variant("foreach_adamw", False, SETTINGS.dropout, "before: AdamW's foreach kernels, the trainer's until now"),
+    Variant("no_dropout", None, 0.0, "--dropout 0: what the dropout masks cost"),
+)
+# Dry run: the config at this width, short samples, every probing pass above 2 samples "out of memory".
+SMALL = {"model_dim": 64, "heads": 4, "layers": 2}
+SMALL_TEXT, SMALL_CODES, SMALL_BATCH, INJECTED_LIMIT = 20, 60, 4, 2
+# Matrix products: CUDA's kernel names, or on the CPU side torch's op names.
+GEMM = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|aten::(?:add)?mm\b|aten::bmm\b", re.IGNORECASE)
+ATTENTION = re.compile(r"flash|fmha|attention|sdpa|attn", re.IGNORECASE)  # not softmax: the loss has one
+
+
+@dataclasses.dataclass
+class Inputs:
+    """An effective batch of equal, long samples (every step the same work) on the device."""
+
+    tensors: tuple[torch.Tensor, ...]  # condition, emo_vec, text_ids, text_lens, codes, code_lens
+    indices: torch.Tensor
+    text_len: int
+    code_len: int
+
+    @property
+    def samples(self) -> int:
+        return len(self.indices)
+
+    @property
+    def packed_len(self) -> int:
+        return positions(self.text_len, self.code_len)
+
+
+def make_inputs(cfg, samples: int, text_len: int, code_len: int, device: torch.device) -> Inputs:
+    g = torch.Generator().manual_seed(SEED)
+    tensors = (torch.randn(samples, CONDITION_LEN, cfg.model_dim, generator=g),
+               torch.randn(samples, cfg.model_dim, generator=g),
+               torch.randint(2, cfg.number_text_tokens, (samples, text_len), generator=g),
+               torch.full((samples,), text_len),
+               torch.randint(0, cfg.start_mel_token, (samples, code_len), generator=g),
+               torch.full((samples,), code_len))
+    return Inputs(tuple(t.to(device) for t in tensors), torch.arange(samples, device=device), text_len, code_len)
+
+
+def train_step(model: UnifiedVoiceGPT, optim: Optimization, inputs: Inputs, micro: int, amp: torch.dtype | None,
+               step: int) -> None:
+    """One optimizer step over the inputs in micro-batches, the loss normalised per step (trainers/loop.py)."""
+    device = inputs.indices.device
+    optim.start_step(step)
+    text_total, mel_total = inputs.samples * (inputs.text_len + 1), inputs.samples * (inputs.code_len + 1)
+    for start in range(0, inputs.samples, micro):
+        part = slice(start, start + micro)
+        with autocast_for(device, amp):
+            sums = model.loss_sums(*(t[part] for t in inputs.tensors), packed_len=inputs.packed_len,
+                                   dropout_keys=dropout_keys(SEED, step, inputs.indices[part]))
+            loss = (SETTINGS.text_loss_weight * sums["text_ce"] / text_total
+                    + SETTINGS.mel_loss_weight * sums["mel_ce"] / mel_total)
+        optim.backward(loss)
+    optim.apply(optim.prepare())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclasses.dataclass
+class Measured:
+    probe_s: float
+    micro: int
+    seconds: dict[str, float]  # per optimizer step, per variant
+    peak_gib: float | None
+    syncs: dict | None
+    kernels: dict | None
+    fused: bool = True  # the trainer's AdamW here
+
+
+def _variant(model: UnifiedVoiceGPT, variant: Variant) -> Optimization:
+    model.cfg = dataclasses.replace(model.cfg, dropout=variant.dropout)
+    return Optimization(model, SETTINGS, fp16=False, frozen=None, device_type=model.text_head.weight.device.type,
+                        fused=variant.fused)
+
+
+def measure(ctx: Context, cfg, inputs: Inputs, amp: torch.dtype | None, oom: OomInjector, steps: int,
+            gpu_details: bool) -> Measured:
+    """The probe, then each variant: one untimed step and up to `steps` timed ones, as many as the check's time
+    left allows (the step as the trainer runs it now first, with its diagnostics; a variant without time for
+    one step is left out)."""
+    device = inputs.indices.device
+    model = build_model(cfg, device)
+    try:
+        started = time.perf_counter()
+        fits = model_fits(model, device, amp, inputs.text_len, inputs.code_len, oom, 1, inputs.samples)
+        micro = max(1, largest_fitting(fits, inputs.samples))
+        probe_s = time.perf_counter() - started
+        seconds, peak, syncs, kernels, fused = {}, None, None, None, True
+        for variant in VARIANTS:
+            optim = _variant(model, variant)
+            if variant is VARIANTS[0]:
+                fused = optim.fused
+            started = time.perf_counter()
+            train_step(model, optim, inputs, micro, amp, 0)  # untimed
+            _sync(device)
+            first = time.perf_counter() - started
+            affordable = int((ctx.remaining() - RESERVE_S) / first) - (2 if variant is VARIANTS[0] else 0)
+            timed = min(steps, affordable) if variant is not VARIANTS[0] else max(1, min(steps, affordable))
+            if timed >= 1:
+                if variant is VARIANTS[0] and device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                started = time.perf_counter()
+                for step in range(1, timed + 1):
+                    train_step(model, optim, inputs, micro, amp, step)
+                _sync(device)
+                seconds[variant.name] = (time.perf_counter() - started) / timed
+            if variant is VARIANTS[0]:
+                if device.type == "cuda":
+                    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30
+                one_step = functools.partial(train_step, model, optim, inputs, micro, amp, steps + 1)
+                if gpu_details:
+                    syncs = _guarded(functools.partial(count_syncs, one_step))
+                kernels = _guarded(functools.partial(kernel_times, ctx, one_step, device))
+            optim = one_step = None  # AdamW's moments go before the next variant's
+            model.zero_grad(set_to_none=True)
+            release_memory(device)
+        return Measured(probe_s, micro, seconds, peak, syncs, kernels, fused)
+    finally:
+        model = None
+        release_memory(device)
+
+
+def _guarded(measure_it: Callable[[], dict]) -> dict:
+    """A diagnostic that fails says why instead of failing the check (it judges nothing)."""
+    try:
+        return measure_it()
+    except CheckTimeout:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch's profiler and debug modes change between versions
+        return {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def count_syncs(step: Callable[[], None]) -> dict:
+    """Host-device synchronisations of one step, by the line of Python that caused them (CUDA's debug mode warns
+    at each one, attributed to the calling line)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message).lower())
+    return {"per_step": sum(where.values()), "where": dict(where.most_common(8))}
+
+
+def _self_us(event) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+        value = getattr(event, name, None)
+        if value:
+            return float(value)
+    return 0.0
+
+
+def kernel_times(ctx: Context, step: Callable[[], None], device: torch.device) -> dict:
+    """Where one step's time goes: the share of matrix products and of attention's kernels, the kernels taking
+    most, and the whole table in the logs archive (profile.txt)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        step()
+        _sync(device)
+    events = [e for e in prof.key_averages() if _self_us(e) > 0]
+    total = sum(_self_us(e) for e in events) or 1.0
+    events.sort(key=_self_us, reverse=True)
+    table = [f"{_self_us(e) / total:7.2%}  {_self_us(e) / 1e3:10.2f} ms  {e.key}" for e in events]
+    (ctx.log_dir / "profile.txt").write_text("\n".join(table) + "\n", encoding="utf-8")
+    share = lambda pattern: round(sum(_self_us(e) for e in events if pattern.search(e.key)) / total, 3)  # noqa: E731
+    return {"gemm_share": share(GEMM), "attention_share": share(ATTENTION),
+            "attention_kernels": [e.key[:90] for e in events if ATTENTION.search(e.key)][:4],
+            "top": [[e.key[:90], round(_self_us(e) / total, 3)] for e in events[:6]]}
+
+
+def _figures(cfg, inputs: Inputs, m: Measured, peak: tuple[float, str, str] | None) -> dict:
+    sample_flops = flops_per_sample(cfg, inputs.text_len, inputs.code_len, inputs.packed_len)
+    per_variant = {}
+    for name, s in m.seconds.items():
+        rate = inputs.samples / s
+        per_variant[name] = {"step_s": round(s, 4), "samples_per_s": round(rate, 2),
+                             "positions_per_s": round(rate * inputs.packed_len),
+                             "tokens_per_s": round(rate * (inputs.text_len + inputs.code_len)),
+                             "tflops_per_s": round(rate * sample_flops / 1e12, 1),
+                             "mfu": round(mfu(rate, sample_flops, peak[0]), 4) if peak else None}
+    return {"adamw": "fused" if m.fused else "foreach (the CPU's)", "layers": cfg.layers, "width": cfg.model_dim,
+            "positions": inputs.packed_len,
+            "effective_batch": inputs.samples, "micro_batch": m.micro, "probe_s": round(m.probe_s, 2),
+            "model_tflop_per_sample": round(sample_flops / 1e12, 3), "variants": per_variant,
+            "peak_allocated_gib": round(m.peak_gib, 2) if m.peak_gib is not None else None,
+            "syncs": m.syncs, "kernels": m.kernels,
+            "peak_tflops": {"value": peak[0] / 1e12, "precision": peak[1], "source": peak[2]} if peak else None}
+
+
+def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | None) -> tuple[str, ...]:
+    v = figures["variants"]
+    now = v["now"]
+    mfu_text = lambda x: f"MFU {x['mfu']:.1%}" if x["mfu"] is not None else "MFU: no peak known here"  # noqa: E731
+    lines = [f"{amp_name}, {figures['layers']} layers at width {figures['width']}, samples of {figures['positions']} "
+             f"positions, effective batch {figures['effective_batch']}",
+             f"probe: micro-batch {figures['micro_batch']} (the trainer's probe, {MEMORY_MARGIN:.0%} of free memory) "
+             f"in {figures['probe_s']:.1f} s",
+             f"step now: {now['step_s']:.3f} s, {now['samples_per_s']:.1f} samples/s, {now['positions_per_s']:,} "
+             f"positions/s, {now['tokens_per_s']:,} text+code tokens/s, {now['tflops_per_s']} TFLOP/s, {mfu_text(now)}"]
+    before = v.get("foreach_adamw")
+    if before:
+        lines.append(f"before/after: AdamW foreach {before['step_s']:.3f} s/step -> {figures['adamw']} "
+                     f"{now['step_s']:.3f} s/step (x{before['step_s'] / now['step_s']:.3f})")
+    plain = v.get("no_dropout")
+    if plain:
+        lines.append(f"switch: --dropout 0.1 {now['step_s']:.3f} s/step, --dropout 0 {plain['step_s']:.3f} s/step "
+                     f"(the masks cost {now['step_s'] / plain['step_s'] - 1:.1%})")
+    if figures["peak_allocated_gib"] is not None:
+        lines.append(f"peak memory of the steps: {figures['peak_allocated_gib']} GiB allocated of {total_gib} GiB")
+    syncs = figures["syncs"]
+    if syncs and "per_step" in syncs:
+        lines.append(f"host-device synchronisations per step: {syncs['per_step']} ({syncs['where']})")
+    kernels = figures["kernels"]
+    if kernels and "gemm_share" in kernels:
+        named = ", ".join(kernels["attention_kernels"]) or "no attention kernel named"
+        lines.append(f"kernel time: matrix products {kernels['gemm_share']:.0%}, attention "
+                     f"{kernels['attention_share']:.0%} ({named})")
+    peak = figures["peak_tflops"]["value"] if figures["peak_tflops"] else "?"
+    lines.append(f"MFU = model FLOPs / s / peak, {MFU_RULE}; peak {peak} TFLOP/s ({gpu or 'CPU'})")
+    return tuple(lines)
+
+
+def official_step(ctx: Context) -> Outcome:
+    device = torch.device("cuda", 0)
+    amp = choose_amp(detect_hardware(device), "auto")
+    cfg = ctx.gpt(dropout=SETTINGS.dropout)
+    inputs = make_inputs(cfg, EFFECTIVE_BATCH, LONG_TEXT, LONG_CODES, device)
+    m = measure(ctx, cfg, inputs, amp.dtype, OomInjector(), TIMED_STEPS, gpu_details=True)
+    figures = _figures(cfg, inputs, m, peak_flops(ctx.gpu_name or ""))
+    total = round(torch.cuda.get_device_properties(device).total_memory / 2 ** 30, 1)
+    ok = m.micro >= 1 and all(s > 0 for s in m.seconds.values())
+    return Outcome(ok, figures, "", _lines(figures, amp.name, ctx.gpu_name, total))
+
+
+def official_step_cpu_side(ctx: Context) -> Outcome:
+    """The same code at width 64 on the CPU, in fp32 (a bf16 step on a CPU without bf16 instructions is ~80x
+    slower and proves nothing about a GPU), the probe answering the injected limit."""
+    cfg = ctx.gpt(**SMALL, dropout=SETTINGS.dropout)
+    inputs = make_inputs(cfg, SMALL_BATCH, SMALL_TEXT, SMALL_CODES, torch.device("cpu"))
+    m = measure(ctx, cfg, inputs, None, OomInjector(above=INJECTED_LIMIT), 1, gpu_details=False)
+    figures = _figures(cfg, inputs, m, None)
+    ok = m.micro == INJECTED_LIMIT and set(m.seconds) == {v.name for v in VARIANTS}  # the budget is ample here
+    ok = ok and bool(m.kernels) and "gemm_share" in m.kernels
+    return Outcome(ok, figures, "", _lines(figures, "fp32", None, None))
