@@ -113,6 +113,17 @@ def test_exactness_breaking_change_is_refused(demo_assets, tmp_path):
     assert final_state(out).step == 8
 
 
+def test_an_accepted_optimizer_change_is_what_the_continuation_trains_with(demo_assets, tmp_path):
+    """AdamW's load_state_dict puts the saved weight decay back: the change was recorded and logged, never used."""
+    out = tmp_path / "run"
+    assert train_here(out, *demo_assets, *COMMON, "--max-steps", "4").returncode == 0
+    allowed = train_here(out, "--resume", "auto", "--weight-decay", "0.05", "--allow-config-change", "--max-steps", "5")
+    assert allowed.returncode == 0, allowed.stderr
+    decay, no_decay = final_state(out).section("optim")["optimizer"]["param_groups"]
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.05, 0.0)
+    assert final_state(out).section("run")["config"]["weight_decay"] == 0.05
+
+
 def test_max_steps_end_saves_true_position_and_extends(demo_assets, tmp_path):
     out = tmp_path / "run"
     assert train_here(out, *demo_assets, *COMMON, "--max-steps", "20", "--lr-decay-steps", str(STEPS)).returncode == 0

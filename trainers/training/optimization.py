@@ -38,11 +38,16 @@ class StepResult:
     applied: bool  # False: the update was skipped (non-finite gradients), the weights are unchanged
 
 
+# AdamW's hyperparameters that come from the run's settings (the learning rate is set by the schedule every step).
+_CONFIGURED = ("weight_decay", "betas", "eps")
+
+
 class Optimization:
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | None,
                  device_type: str = "cuda", schedule: LRSchedule | None = None, fused: bool | None = None) -> None:
         """`fused`: AdamW's fused kernels (None: where every trained parameter is on a GPU, see `_wants_fused`)."""
         self.optimizer, self.param_names, self.fused = _adamw(model, cfg, fused)
+        self._configured = [{k: g[k] for k in _CONFIGURED} for g in self.optimizer.param_groups]
         self.schedule = schedule if schedule is not None else configured_schedule(cfg)
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
         self.frozen = frozen
@@ -138,11 +143,19 @@ class Optimization:
         if not self.resume_problems(state):
             self.optimizer.load_state_dict(state["optimizer"])
             self._keep_own_kernels()
+            self._keep_configured_hyperparameters()
             if state["scaler"] and self.scaler.is_enabled():
                 self.scaler.load_state_dict(state["scaler"])
         if self.frozen:
             self.frozen.load_state_dict(state["frozen_rows"])
 
+
+    def _keep_configured_hyperparameters(self) -> None:
+        """AdamW's load_state_dict also takes weight decay, betas and eps from the saved groups: a change accepted
+        on resume (--weight-decay X --allow-config-change) was recorded and logged but never trained with. The
+        run's resolved settings are the saved ones unless such a change was accepted, so this run's values stay."""
+        for group, configured in zip(self.optimizer.param_groups, self._configured):
+            group.update(configured)
 
     def _keep_own_kernels(self) -> None:
         """AdamW's load_state_dict takes `fused` from the saved groups: a GPU run's checkpoint resumed on the CPU
