@@ -21,9 +21,11 @@ from trainers.data.feature_fit import check_features_fit
 from trainers.data.features import FeatureSpec
 from trainers.data.manifest import DataLimits, ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
+from trainers.data.mixing import Mixing, build_mixing, manifest_specs
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.files import dict_sha256, file_sha256
+from trainers.training.forgetting import Guard, language_problems
 from trainers.model.demo_base import ensure_demo_base
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.weights import StateDict, check_base_fits, read_state_dict, refuse_bad_values
@@ -31,6 +33,7 @@ from trainers.model.weights import StateDict, check_base_fits, read_state_dict, 
 log = logging.getLogger("train")
 
 DEMO_DATA_DIR = "demo_data"
+DATA_SHARES = "data_shares"  # the run fingerprint of the replay shares (trainers/data/mixing.py)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,17 @@ class RunInputs:
     fingerprints: dict[str, str]
     base_state: StateDict | None  # --base-checkpoint's tensors, read once
     checked: tuple[CheckedManifests, ...] = ()  # their validated-manifest caches, written once the run is locked
+    mixing: Mixing | None = None  # replay manifests (--train-manifest F::LANG@SHARE) and the target samples
+
+    @property
+    def epoch_samples(self) -> int:
+        """The samples an epoch is made of: all training samples, or with replay mixing the target manifests'."""
+        return len(self.mixing.target) if self.mixing else len(self.train_samples)
+
+    @property
+    def epoch_batch(self) -> int | None:
+        """Target samples per step with replay mixing (None: the effective batch)."""
+        return self.mixing.target_per_step if self.mixing else None
 
     def save_manifest_caches(self) -> None:
         for manifests in self.checked:
@@ -113,7 +127,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     limits = DataLimits(gpt.max_text_tokens, gpt.max_mel_tokens)
     run_dir = Path(cfg.output_dir)
     try:
-        train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
+        train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
         train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"))
         val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"))
@@ -131,6 +145,16 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         "tokenizer": tokenizer_sha,
         "model_config": model_config_fingerprint(gpt),
     }
+    validated = cfg.validated_samples(len(val.table)) if val else 0
+    mixing = build_mixing(cfg.train_manifests, train.table, cfg.effective_batch,
+                          list(val.table.languages(validated)) if val else [], validated)
+    if mixing:  # which samples make a step: a change of the shares is a change of the training data
+        fingerprints[DATA_SHARES] = mixing.describe()
+        log.info("%s", mixing.summary())
+    guard_problems = language_problems(Guard.of(cfg, mixing.languages if mixing else ()),
+                                       list(val.table.languages(validated)) if val else [], validated)
+    if guard_problems:
+        raise UserError("\n".join([*guard_problems, "nothing was written"]))
     if cfg.lora_rank and cfg.base_checkpoint:
         # A LoRA checkpoint holds no base tensors: its base is this file, recognised on resume by its bytes.
         fingerprints[BASE_FINGERPRINT] = file_sha256(Path(cfg.base_checkpoint))
@@ -141,7 +165,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
             check_base_fits(Path(cfg.base_checkpoint), base_state, UnifiedVoiceGPT(gpt).state_dict(),
                             report_unknown=False)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train.table, val.table if val else None, fingerprints, base_state,
-                     (train, *([val] if val else [])))
+                     (train, *([val] if val else [])), mixing)
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:
