@@ -174,7 +174,7 @@ def main() -> int:
                   str(max(1, base_steps // 12)), "--min-lr-ratio", "0.1", "--max-steps", str(base_steps),
                   "--epochs", "1000", "--val-interval", "0")
         base = base_run / "latest.pth"
-        print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores, python "
+        print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python "
               f"{platform.python_version()}; demo model, effective batch 16, lr 3e-3, base model trained "
               f"{base_steps} steps on 'base' ({len(corpus['base_train'].read_text().splitlines())} samples), "
               f"fine-tunes {steps} steps on 'new'")

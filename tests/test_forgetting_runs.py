@@ -224,10 +224,40 @@ def test_two_processes_take_the_steps_and_shares_of_one(guarded, corpus, base_mo
     assert_close_metrics(*train_entries, ("text_loss", "mel_loss", "mel_top1", "grad_norm"), rel=1e-5)
 
 
-@pytest.mark.parametrize("variant", [["--lora-rank", "4"], ["--freeze-base-vocab"]])
-def test_lora_and_frozen_base_rows_train_with_mixing_and_the_guard(corpus, base_model, tmp_path, variant):
+@pytest.mark.parametrize("variant", [["--lora-rank", "4"], ["--freeze-base-vocab"], ["--sample-interval", "3"]])
+def test_lora_frozen_base_rows_and_generation_run_with_mixing_and_the_guard(corpus, base_model, tmp_path, variant):
     out = tmp_path / "run"
     done = train_here(out, *fine_tune_flags(corpus, base_model), "--max-steps", "6", "--forgetting-stop", *variant)
     assert done.returncode == 0, done.stderr
     assert step_make_up(out)[:6] == [(16, 2)] * 6
-    assert {"base", "new"} <= set(validations(out)[3]["forgetting"])
+    changes = validations(out)[3]["forgetting"]
+    assert {"base", "new"} == set(changes)
+    if "--sample-interval" in variant:  # the generation metrics of each language are measured too
+        assert {"gen/stop_rate", "gen/stop_rate_rel", "gen/length_error_median"} <= set(changes["base"])
+
+
+def test_the_experiment_api_and_the_plot_show_the_forgetting_per_language(guarded):
+    out, _ = guarded
+    from trainers.experiment import ExperimentManager
+
+    exp = ExperimentManager.load(out)
+    vals = validations(out)
+    assert exp.forgetting["base"]["base"]["mel_loss"] == vals[0]["langs"]["base"]["mel_loss"]
+    assert [v["step"] for v in exp.forgetting["val"]] == sorted(vals)
+    assert exp.forgetting["val"][2]["langs"]["base"]["mel_loss_rel"] > 0.07
+    assert exp.forgetting["val"][2]["guard"]["within"] is False
+
+    pytest.importorskip("matplotlib")
+    from trainers.tools.plot_runs import build_figure, label_runs, load_run
+
+    run = load_run(out)
+    label_runs([run])
+    panels = {ax.get_title(): ax for ax in build_figure([run]).axes if ax.get_visible()}
+    base = panels["forgetting: base (validation mel loss vs base, %)"]
+    assert "forgetting: new (validation mel loss vs base, %)" in panels
+    curve, = [line for line in base.lines if line.get_gid() == f"forgetting:{run.label}"]
+    assert list(curve.get_xdata()) == sorted(vals)
+    assert list(curve.get_ydata()) == pytest.approx([100 * vals[s]["forgetting"]["base"]["mel_loss_rel"]
+                                                     for s in sorted(vals)])
+    limit, = [line for line in base.lines if line.get_gid() == f"limit:{run.label}"]
+    assert list(limit.get_ydata()) == pytest.approx([7.0, 7.0])
