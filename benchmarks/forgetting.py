@@ -18,8 +18,9 @@ What it does, on the demo corpus and model (checkpoints/demo.yaml), through the 
    schedule; the new language's samples set the epochs in every run.
 4. Prints, per replay share, the base language's validation mel loss at the base model (step 0) and at
    the last step, its rise (absolute and relative: the trainer's own forgetting measure, read from the
-   run history), and the new language's validation mel loss at that same step; then the mean over
-   --seeds.
+   run history), the new language's validation mel loss at that same step, and the first validation at
+   which the base language was more than 10% worse than at the base model (where `--forgetting-limit 0.1
+   --forgetting-stop` would have stopped the run); then the means over --seeds.
 
 --smoke (tests/test_benchmarks.py): 6 base steps and 4 fine-tune steps, one seed: it checks the script
 runs, its figures mean nothing. Exit 0 unless a run fails (2).
@@ -55,6 +56,7 @@ DEMO_YAML = REPO_ROOT / "checkpoints" / "demo.yaml"
 SHARES = (0.0, 0.1, 0.3)
 BASE_STEPS, FINE_TUNE_STEPS, VAL_EVERY = 240, 120, 20
 SMOKE_STEPS = (6, 4, 2)
+GUARD_LIMIT = 0.1  # the table says at which validation a --forgetting-limit of 10% would first have been passed
 PAIRED_TEXT, PAIRED_CODES = "target_text_ids_path", "target_codes_path"
 SINGLE_TEXT, SINGLE_CODES = "text_ids_path", "codes_path"
 FIRST_ID = 3  # the demo tokenizer's specials: 0 start, 1 stop, 2 unknown
@@ -148,9 +150,10 @@ def fine_tune(work: Path, corpus: dict[str, Path], tokenizer: Path, base: Path, 
           "--learning-rate", "3e-3", "--warmup-steps", str(max(1, steps // 10)), "--min-lr-ratio", "0.1",
           "--max-steps", str(steps), "--epochs", "1000", "--val-interval", str(val_every))
     ckpt = schema.read(run_dir / "latest.pth", mmap=True)
-    last = [e for e in ckpt.history if e["kind"] == "val"][-1]
-    base_figures = ckpt.forgetting["base"]
-    return {"step": last["step"], "base_before": base_figures["base"]["mel_loss"],
+    vals = [e for e in ckpt.history if e["kind"] == "val"]
+    last, base_figures = vals[-1], ckpt.forgetting["base"]
+    past = [e["step"] for e in vals if e["forgetting"]["base"]["mel_loss_rel"] > GUARD_LIMIT]
+    return {"step": last["step"], "past": past[0] if past else None, "base_before": base_figures["base"]["mel_loss"],
             "base_after": last["langs"]["base"]["mel_loss"], "rise": last["forgetting"]["base"]["mel_loss"],
             "rise_rel": last["forgetting"]["base"]["mel_loss_rel"], "new_before": base_figures["new"]["mel_loss"],
             "new_after": last["langs"]["new"]["mel_loss"]}
@@ -179,16 +182,16 @@ def main() -> int:
               f"{base_steps} steps on 'base' ({len(corpus['base_train'].read_text().splitlines())} samples), "
               f"fine-tunes {steps} steps on 'new'")
         results: dict[float, list[dict[str, float]]] = {share: [] for share in SHARES}
-        print("| replay of base | seed | base mel_loss: base model -> step | rise (rel) | new mel_loss: base model "
-              "-> step |")
-        print("|---|---|---|---|---|")
+        print(f"| replay of base | seed | base mel_loss: base model -> step | rise (rel) | new mel_loss: base model "
+              f"-> step | base first past +{GUARD_LIMIT:.0%} |")
+        print("|---|---|---|---|---|---|")
         for seed in args.seeds:
             for share in SHARES:
                 r = fine_tune(work, corpus, tokenizer, base, share, seed, steps, val_every)
                 results[share].append(r)
                 print(f"| {share:.0%} | {seed} | {r['base_before']:.4f} -> {r['base_after']:.4f} (step {r['step']}) | "
-                      f"{r['rise']:+.4f} ({r['rise_rel']:+.1%}) | {r['new_before']:.4f} -> {r['new_after']:.4f} |",
-                      flush=True)
+                      f"{r['rise']:+.4f} ({r['rise_rel']:+.1%}) | {r['new_before']:.4f} -> {r['new_after']:.4f} | "
+                      f"{'never' if r['past'] is None else 'step %d' % r['past']} |", flush=True)
         print(f"mean over seeds {', '.join(map(str, args.seeds))} (step {steps}):")
         for share in SHARES:
             rows = results[share]

@@ -114,9 +114,11 @@ SMOKES: dict[str, Smoke] = {
         rf"^ddp fresh: PSS per process, .* per sample: {NUM} bytes",
         rf"^ddp resume: PSS per process, .* per sample: {NUM} bytes"), 38),
     "forgetting.py": Smoke(("--smoke",), (
-        r"^\| replay of base \| seed \| base mel_loss: base model -> step \| rise \(rel\) \| new mel_loss: base model -> step \|$",
-        rf"^\| 0% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \|$",
-        rf"^\| 30% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \|$",
+        r"^\| replay of base \| seed \| base mel_loss: base model -> step \| rise \(rel\) \| new mel_loss: base model -> "
+        r"step \| base first past \+10% \|$",
+        rf"^\| 0% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \| "
+        r"(never|step \d+) \|$",
+        rf"^\| 30% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \| ",
         rf"^  replay +10%: base mel_loss rise [-+]{NUM} \([-+]{NUM}%\); new mel_loss {NUM}$"), 12),
     "ddp_scaling.py": Smoke(("--smoke",), (
         rf"^  1 proc x 1 thread +{NUM} steps/s  \(1\.00x 1 proc x 1 thread; runs {NUMS}\)",
