@@ -149,6 +149,24 @@ def test_every_step_holds_its_share_and_the_forgetting_is_measured_per_language(
     assert state.forgetting["base"]["base"]["step"] == 0 and state.replayed == {"1": 29}
 
 
+def test_a_change_of_the_shares_on_resume_is_a_change_of_the_data(guarded, corpus, base_model, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(guarded[0], out)
+    before = (out / "latest.pth").read_bytes()
+    flags = [f.replace("@0.125", "@0.25") for f in fine_tune_flags(corpus, base_model)]
+    refused = train_here(out, "--resume", "auto", *flags, "--max-steps", "16")
+    assert refused.returncode == 2, refused.stderr
+    assert "data_shares: saved '1::base@1/8', now '1::base@1/4' (changes the result)" in refused.stderr
+    assert "the replay shares (--train-manifest F::LANG@SHARE) decide which samples make each step" in refused.stderr
+    assert (out / "latest.pth").read_bytes() == before
+    allowed = train_here(out, "--resume", "auto", *flags, "--max-steps", "16", "--lr-decay-steps", "16",
+                         "--allow-config-change")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "target samples per step (the effective batch less the replay shares) changed from 14 to 12" in \
+        allowed.stderr
+    assert step_make_up(out)[15] == (16, 4)
+
+
 def test_best_pth_is_only_taken_from_validations_within_the_limit(guarded):
     out, _ = guarded
     vals = validations(out)

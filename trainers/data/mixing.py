@@ -232,7 +232,8 @@ def build_mixing(specs: Sequence[str], table: SampleTable, effective_batch: int,
             measured = ", ".join(lang or "(none)" for lang in validated) or "none: no --val-manifest"
             problems.append(f"{FLAG} {one.given}: replays language {', '.join(missing)}, which the validation does not "
                             f"measure (its languages among the {val_count} samples validated: {measured}); add "
-                            "--val-manifest V::LANG with held-out samples of it, or the forgetting cannot be seen")
+                            "--val-manifest V::LANG with held-out samples of it (or raise --max-val-batches), or the "
+                            "forgetting cannot be seen")
         replays.append(Replay(k, one.given, one.share, per_step, langs, rows))
     target = np.flatnonzero(manifest_of_row < 0)
     mixing = Mixing(effective_batch, target, tuple(replays))
