@@ -20,7 +20,8 @@ What it does, on the demo corpus and model (checkpoints/demo.yaml), through the 
    the last step, its rise (absolute and relative: the trainer's own forgetting measure, read from the
    run history), the new language's validation mel loss at that same step, and the first validation at
    which the base language was more than 10% worse than at the base model (where `--forgetting-limit 0.1
-   --forgetting-stop` would have stopped the run); then the means over --seeds.
+   --forgetting-stop` would have stopped the run); then, for the first seed, the base language's rise
+   at every validation, and the means over --seeds.
 
 --smoke (tests/test_benchmarks.py): 6 base steps and 4 fine-tune steps, one seed: it checks the script
 runs, its figures mean nothing. Exit 0 unless a run fails (2).
@@ -153,7 +154,9 @@ def fine_tune(work: Path, corpus: dict[str, Path], tokenizer: Path, base: Path, 
     vals = [e for e in ckpt.history if e["kind"] == "val"]
     last, base_figures = vals[-1], ckpt.forgetting["base"]
     past = [e["step"] for e in vals if e["forgetting"]["base"]["mel_loss_rel"] > GUARD_LIMIT]
-    return {"step": last["step"], "past": past[0] if past else None, "base_before": base_figures["base"]["mel_loss"],
+    curve = [(e["step"], e["forgetting"]["base"]["mel_loss_rel"]) for e in vals[1:]]
+    return {"step": last["step"], "past": past[0] if past else None, "curve": curve,
+            "base_before": base_figures["base"]["mel_loss"],
             "base_after": last["langs"]["base"]["mel_loss"], "rise": last["forgetting"]["base"]["mel_loss"],
             "rise_rel": last["forgetting"]["base"]["mel_loss_rel"], "new_before": base_figures["new"]["mel_loss"],
             "new_after": last["langs"]["new"]["mel_loss"]}
@@ -192,12 +195,17 @@ def main() -> int:
                 print(f"| {share:.0%} | {seed} | {r['base_before']:.4f} -> {r['base_after']:.4f} (step {r['step']}) | "
                       f"{r['rise']:+.4f} ({r['rise_rel']:+.1%}) | {r['new_before']:.4f} -> {r['new_after']:.4f} | "
                       f"{'never' if r['past'] is None else 'step %d' % r['past']} |", flush=True)
+        print(f"the base language's mel_loss against the base model's at each validation, seed {args.seeds[0]}:")
+        for share in SHARES:
+            curve = results[share][0]["curve"]
+            print(f"  replay {share:>4.0%}: " + "  ".join(f"step {step} {rise:+.1%}" for step, rise in curve))
         print(f"mean over seeds {', '.join(map(str, args.seeds))} (step {steps}):")
         for share in SHARES:
             rows = results[share]
             print(f"  replay {share:>4.0%}: base mel_loss rise {statistics.mean(r['rise'] for r in rows):+.4f} "
                   f"({statistics.mean(r['rise_rel'] for r in rows):+.1%}); new mel_loss "
-                  f"{statistics.mean(r['new_after'] for r in rows):.4f}")
+                  f"{statistics.mean(r['new_after'] for r in rows):.4f}; base past +{GUARD_LIMIT:.0%} in "
+                  f"{sum(r['past'] is not None for r in rows)} of {len(rows)} runs")
         print(f"total {time.monotonic() - started:.0f} s")
         return 0
     except BenchError as exc:

@@ -119,7 +119,9 @@ SMOKES: dict[str, Smoke] = {
         rf"^\| 0% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \| "
         r"(never|step \d+) \|$",
         rf"^\| 30% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \| ",
-        rf"^  replay +10%: base mel_loss rise [-+]{NUM} \([-+]{NUM}%\); new mel_loss {NUM}$"), 12),
+        rf"^  replay +30%: step \d+ [-+]{NUM}%  step \d+ [-+]{NUM}%$",
+        rf"^  replay +10%: base mel_loss rise [-+]{NUM} \([-+]{NUM}%\); new mel_loss {NUM}; base past \+10% in \d+ "
+        r"of \d+ runs$"), 12),
     "ddp_scaling.py": Smoke(("--smoke",), (
         rf"^  1 proc x 1 thread +{NUM} steps/s  \(1\.00x 1 proc x 1 thread; runs {NUMS}\)",
         rf"^  2 procs, background +{NUM} steps/s  \({NUM}x 1 proc x 1 thread; runs {NUMS}\)",

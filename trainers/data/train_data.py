@@ -109,8 +109,8 @@ class TrainData:
     def advance(self, plan: StepPlan) -> None:
         """Move past a finished step; the end of an epoch is step 0 of the next."""
         self.samples_in_epoch += len(plan.samples) - sum(plan.replayed)
-        self.replayed = [drawn + n for drawn, n in zip(self.replayed, plan.replayed)] if plan.replayed else \
-            self.replayed
+        if plan.replayed:
+            self.replayed = [drawn + n for drawn, n in zip(self.replayed, plan.replayed)]
         self.step_in_epoch += 1
         if self.samples_in_epoch >= self.order_samples:
             self._next_epoch()
