@@ -242,6 +242,15 @@ def test_two_processes_take_the_steps_and_shares_of_one(guarded, corpus, base_mo
     assert_close_metrics(*train_entries, ("text_loss", "mel_loss", "mel_top1", "grad_norm"), rel=1e-5)
 
 
+def test_two_processes_stop_at_the_guard_together(stopped, corpus, base_model, tmp_path):
+    out = tmp_path / "run"
+    done = torchrun(out, *fine_tune_flags(corpus, base_model), "--forgetting-stop", "--batch-size", "8")
+    assert done.returncode == 0, done.stderr
+    assert "forgetting stop at step 6: language base mel_loss" in done.stderr
+    assert (out / "sample_ids.tsv").read_text() == (stopped[0] / "sample_ids.tsv").read_text()
+    assert final_state(out).step == 6 and schema.read(out / "best.pth").step == 3
+
+
 @pytest.mark.parametrize("variant", [["--lora-rank", "4"], ["--freeze-base-vocab"], ["--sample-interval", "3"]])
 def test_lora_frozen_base_rows_and_generation_run_with_mixing_and_the_guard(corpus, base_model, tmp_path, variant):
     out = tmp_path / "run"
