@@ -113,6 +113,15 @@ SMOKES: dict[str, Smoke] = {
         rf"^resume: the first step comes {NUM} s later",
         rf"^ddp fresh: PSS per process, .* per sample: {NUM} bytes",
         rf"^ddp resume: PSS per process, .* per sample: {NUM} bytes"), 38),
+    "forgetting.py": Smoke(("--smoke",), (
+        r"^\| replay of base \| seed \| base mel_loss: base model -> step \| rise \(rel\) \| new mel_loss: base model -> "
+        r"step \| base first past \+10% \|$",
+        rf"^\| 0% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \| "
+        r"(never|step \d+) \|$",
+        rf"^\| 30% \| \d+ \| {NUM} -> {NUM} \(step \d+\) \| [-+]{NUM} \([-+]{NUM}%\) \| {NUM} -> {NUM} \| ",
+        rf"^  replay +30%: step \d+ [-+]{NUM}%  step \d+ [-+]{NUM}%$",
+        rf"^  replay +10%: base mel_loss rise [-+]{NUM} \([-+]{NUM}%\); new mel_loss {NUM}; base past \+10% in \d+ "
+        r"of \d+ runs$"), 12),
     "ddp_scaling.py": Smoke(("--smoke",), (
         rf"^  1 proc x 1 thread +{NUM} steps/s  \(1\.00x 1 proc x 1 thread; runs {NUMS}\)",
         rf"^  2 procs, background +{NUM} steps/s  \({NUM}x 1 proc x 1 thread; runs {NUMS}\)",

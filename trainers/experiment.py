@@ -3,6 +3,7 @@
     from trainers.experiment import ExperimentManager
     exp = ExperimentManager.load("runs/my_voice")
     exp.history["val"]                       # validation metrics per step
+    exp.forgetting["val"]                    # per validation language: the change from the base model's figures
     exp.metadata["resumes"]                  # every start and resume: when, where, what changed
     exp.resume_training()                    # continue the original plan, exactly
     exp.resume_training(num_epochs=10)       # 10 more epochs of data from here
@@ -72,6 +73,16 @@ class ExperimentManager:
         entries = self.checkpoint.history
         return {"train": [e for e in entries if e["kind"] == "train"], "val": [e for e in entries if e["kind"] == "val"],
                 "resumes": [e for e in entries if e["kind"] in ("start", "resume")]}
+
+    @property
+    def forgetting(self) -> dict[str, Any]:
+        """The forgetting measure: "base", each validation language's base figures ({"step", metric: value});
+        "val", per validation {"step", "langs": {language: {"base_step", metric: change, metric_rel: relative
+        change}}, "guard": the --forgetting-limit verdict or None} (trainers/training/forgetting.py)."""
+        state = self.checkpoint.forgetting or {}
+        return {"base": {k: dict(v) for k, v in (state.get("base") or {}).items()},
+                "val": [{"step": e["step"], "langs": e["forgetting"], "guard": e.get("forgetting_guard")}
+                        for e in self.history["val"] if "forgetting" in e]}
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from trainers.model.gpt_model import dropout_keys, packed_length
 from trainers.run.setup import Run
 from trainers.stop_signals import StopRequest
 from trainers.training.evaluation import autocast_for, batch_loss_sums
+from trainers.training.forgetting import language_figures
 from trainers.training.optimization import StepResult
 from trainers.training.step_failures import StepFailures
 from trainers.training.train_log import StepMetrics, TrainLog
@@ -65,6 +66,8 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                 evaluate(run, tlog, faults)
                 if progress.patience_spent(settings.early_stop_patience):
                     return stop_early(run, tlog)
+                if run.forgetting.stops(run.guard):
+                    return stop_forgetting(run, tlog)
                 run.model.train()
             stopping = run.world.agree_to_stop(stop)
             if (progress.step % settings.save_interval == 0 and not last) or stopping:
@@ -91,6 +94,22 @@ def stop_early(run: Run, tlog: TrainLog) -> int:
              "(--early-stop-patience %d); best.pth holds that step. To train on, resume with a larger "
              "--early-stop-patience", progress.step, progress.stale_validations, settings.best_metric,
              best.get("value"), best.get("step"), settings.early_stop_patience)
+    return EXIT_OK
+
+
+def stop_forgetting(run: Run, tlog: TrainLog) -> int:
+    """--forgetting-stop after a validation past --forgetting-limit: the final checkpoint, status 0."""
+    progress, guard, forgetting = run.progress, run.guard, run.forgetting
+    tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
+    tlog.write_steps()
+    run.checkpoints.save(progress.step)
+    run.checkpoints.wait()  # complete before the trainer says so, or exits
+    best = progress.best or {}
+    past = "; ".join(b.describe(guard.limit) for b in forgetting.breaches(guard) or [])
+    log.info("forgetting stop at step %d: %s (--forgetting-limit %g). best.pth holds step %s, the best %s among the "
+             "validations within the limit; the last validation within it was step %s. To train on, resume with a "
+             "larger --forgetting-limit or --no-forgetting-stop", progress.step, past, guard.limit, best.get("step"),
+             run.settings.best_metric, forgetting.within_step)
     return EXIT_OK
 
 
@@ -201,10 +220,7 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> d
     if run.val_loader is None:
         return None
     faults.at("validation", run.progress.step)
-    settings = run.settings
-    count = len(run.val_loader.dataset)
-    if settings.max_val_batches:  # the set depends on settings only, never on the hardware's batch size
-        count = min(count, settings.max_val_batches * (settings.val_batch_size or settings.effective_batch))
+    count = run.settings.validated_samples(len(run.val_loader.dataset))
     while True:
         metrics, error = validation_pass(run, count, faults)
         if error is None:
@@ -213,7 +229,8 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> d
             if bad:
                 raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
             generated = generate_samples(run, tlog, faults, final)
-            keep_if_best(run, {**means, **generated})
+            within = measure_forgetting(run, tlog, metrics, generated)
+            keep_if_best(run, {**means, **generated}, within is not False)
             if generated:  # after best.pth, so the set of the best step is kept
                 run.generation.write(run.progress.step, generated, (run.progress.best or {}).get("step"))
             return means
@@ -237,13 +254,24 @@ def generate_samples(run: Run, tlog: TrainLog, faults: Faults, final: bool) -> d
     return metrics
 
 
-def keep_if_best(run: Run, means: dict[str, float]) -> None:
+def measure_forgetting(run: Run, tlog: TrainLog, by_lang: dict[str, StepMetrics],
+                       generated: dict[str, float]) -> bool | None:
+    """Each validation language's change from its base figures (log, TensorBoard, history); whether this
+    validation is within --forgetting-limit (None: no guard)."""
+    figures = language_figures({lang: m.means() for lang, m in by_lang.items()}, generated)
+    measured = run.forgetting.measure(run.progress.step, figures, run.guard)
+    tlog.forgetting(measured)
+    return measured.within
+
+
+def keep_if_best(run: Run, means: dict[str, float], eligible: bool = True) -> None:
     """best.pth: the checkpoint of the best validation so far (compared across resumes too). A gen/* metric
-    is compared at the validations that generate only; the others count for nothing, early stopping included."""
+    is compared at the validations that generate only; the others count for nothing, early stopping included.
+    A validation past (or not judged within) --forgetting-limit is not `eligible`: it counts as no new best."""
     metric, progress = run.settings.best_metric, run.progress
     if metric not in means:
         return
-    improved = progress.improves(metric, means)
+    improved = eligible and progress.improves(metric, means)
     progress.count_validation(improved)
     if improved:
         progress.best = {"metric": metric, "value": means[metric], "step": progress.step}

@@ -101,6 +101,14 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                  "larger --early-stop-patience to continue", run.progress.step, run.progress.stale_validations)
         tlog.close()
         return EXIT_OK
+    breaches = run.forgetting.breaches(run.guard) if run.settings.forgetting_stop else None
+    if breaches:
+        log.info("nothing to do: the run stopped at step %d: its last validation (step %d) is past "
+                 "--forgetting-limit %g (%s); pass a larger --forgetting-limit or --no-forgetting-stop to continue",
+                 run.progress.step, run.forgetting.last["step"], run.settings.forgetting_limit,
+                 "; ".join(b.describe(run.settings.forgetting_limit) for b in breaches))
+        tlog.close()
+        return EXIT_OK
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
                disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step

@@ -69,7 +69,9 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 _NUMBER = (float, int)
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "progress": {"interval": _DICT,  # the open log interval (trainers/training/train_log.py LogInterval)
-                 "stale_validations": _INT},  # validations since the best (early stopping)
+                 "stale_validations": _INT,  # validations since the best (early stopping)
+                 "forgetting": _DICT},  # base figures and the last validation's (trainers/training/forgetting.py)
+    "data": {"replayed": _DICT},  # replay mixing: samples drawn from each replay manifest (trainers/data/mixing.py)
     "run": {"model_family": _STR},  # absent: FIRST_FAMILY
 }
 # Nested fields checked where their field is present.
@@ -292,6 +294,17 @@ class Checkpoint:
     @property
     def history(self) -> list[dict[str, Any]]:
         return list(self.sections["progress"]["history"])
+
+    @property
+    def forgetting(self) -> dict[str, Any] | None:
+        """The forgetting measure's state: {"base": {language: {"step", metric: value}}, "last", "within_step"}
+        (trainers/training/forgetting.py; None in files written before it existed)."""
+        return self.sections["progress"].get("forgetting")
+
+    @property
+    def replayed(self) -> dict[str, int] | None:
+        """With replay mixing: the samples drawn from each replay manifest, by its --train-manifest place."""
+        return self.sections["data"].get("replayed")
 
     @property
     def open_log_interval(self) -> dict[str, Any] | None:

@@ -23,6 +23,7 @@ Why these bounds:
 * --lora-rank is 0 (full fine-tuning) to 4096; --lora-alpha is finite and > 0; --lora-dropout in [0, 1).
 * Sampling at validation: --sample-temperature in [0, 100] (0: greedy; far above ~2 every code is about as
   likely, so a larger value is a typo), --sample-top-p in (0, 1] (1: off), --sample-top-k a count (0: off).
+* --forgetting-limit is a finite fraction >= 0 (0: off; 0.1 allows a 10% rise over the base figure).
 * --num-workers is at most 256: each worker is a process, more never speed up loading, and a
   typo would start thousands.
 Every float must be finite: NaN compares false with every bound and would pass a plain `<` test.
@@ -124,6 +125,7 @@ BOUNDS: dict[str, Bound] = {
     "keep_checkpoints": _count(),
     "log_interval": _count(1),
     "early_stop_patience": _count(),
+    "forgetting_limit": _finite(),
     "sample_interval": _count(),
     "sample_temperature": _finite(0.0, 100.0),
     "sample_top_k": _count(),

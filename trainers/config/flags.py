@@ -76,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _data_flags(data: argparse._ArgumentGroup, d: TrainConfig) -> None:
-    data.add_argument("--train-manifest", dest="train_manifests", action="append", metavar="JSONL[::LANG]",
-                      help="training manifest; repeat for several; optional ::lang suffix")
+    data.add_argument("--train-manifest", dest="train_manifests", action="append", metavar="JSONL[::LANG[@SHARE]]",
+                      help="training manifest; repeat for several; optional ::lang suffix; ::LANG@SHARE replays it: "
+                           "that fraction of every step's samples is drawn from it (the manifests without a share "
+                           "fill the rest and set the epoch)")
     data.add_argument("--val-manifest", dest="val_manifests", action="append", metavar="JSONL[::LANG]",
                       help="validation manifest; repeat for several")
     data.add_argument("--tokenizer", help="SentencePiece model the text ids were made with")
@@ -185,8 +187,24 @@ def _run_time_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     _num(rt, "--early-stop-patience", d.early_stop_patience,
          "end training (status 0, final checkpoint saved) after N validations in a row without a new best "
          "--best-metric (0: off); a resume may raise it to continue")
+    _forgetting_flags(rt, d)
     rt.add_argument("--log-sample-ids", action="store_true",
                     help="append the sample ids of every optimizer step to OUTPUT_DIR/sample_ids.tsv")
+
+
+def _forgetting_flags(rt: argparse._ArgumentGroup, d: TrainConfig) -> None:
+    _num(rt, "--forgetting-limit", d.forgetting_limit,
+         "a validation whose --forgetting-metric in a base language is worse than at the base model by more than this "
+         "fraction of it (0.1: 10%%) is a warning and never best.pth (0: off)")
+    rt.add_argument("--forgetting-metric", choices=BEST_METRICS,
+                    help=f"the metric --forgetting-limit watches; a gen/* metric needs --sample-interval "
+                         f"[{d.forgetting_metric}]")
+    rt.add_argument("--forgetting-stop", action=argparse.BooleanOptionalAction,
+                    help="end training (status 0, final checkpoint saved) at a validation past --forgetting-limit "
+                         "[off]")
+    rt.add_argument("--base-language", dest="base_languages", action="append", metavar="LANG",
+                    help="a language the base model speaks, watched by --forgetting-limit; repeatable "
+                         "[the languages of the replay manifests, --train-manifest F::LANG@SHARE]")
 
 
 def parse_data_root(text: str) -> tuple[str, str]:
@@ -270,6 +288,8 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
+    if "base_languages" in ns:
+        ns["base_languages"] = tuple(dict.fromkeys(lang.strip() for lang in ns["base_languages"]))
     for key in ("tokenizer", "config", "base_checkpoint", "output_dir"):
         if key in ns and ns[key] is not None:
             ns[key] = os.path.abspath(ns[key])

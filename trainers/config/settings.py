@@ -82,6 +82,13 @@ class TrainConfig:
     log_sample_ids: bool = False
     best_metric: str = "mel_loss"  # the validation metric best.pth is kept for: mel_loss, text_loss or mel_top1
     early_stop_patience: int = 0  # end training after this many validations without a new best (0: off)
+    # The forgetting guard (trainers/training/forgetting.py): a validation whose forgetting_metric in a base
+    # language is worse than at the base by more than this fraction is never best.pth (0: off); with
+    # forgetting_stop the run ends there. Base languages: these, else the replay manifests' languages.
+    forgetting_limit: float = 0.0
+    forgetting_metric: str = "mel_loss"
+    forgetting_stop: bool = False
+    base_languages: tuple[str, ...] = ()
     # Generate the chosen validation samples at validations of steps divisible by this (0: off). Off by default:
     # on the CPU the official model takes minutes per 4 samples (docs/architecture.md, "Generation").
     sample_interval: int = 0
@@ -92,11 +99,19 @@ class TrainConfig:
     sample_top_p: float = 1.0
     demo: bool = False
 
+    def validated_samples(self, available: int) -> int:
+        """How many of the `available` validation samples a validation evaluates: a count fixed by the settings,
+        never by the hardware's batch size (the first ones, in manifest order)."""
+        if not self.max_val_batches:
+            return available
+        return min(available, self.max_val_batches * (self.val_batch_size or self.effective_batch))
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["train_manifests"] = list(self.train_manifests)
         d["val_manifests"] = list(self.val_manifests)
         d["lora_targets"] = list(self.lora_targets)
+        d["base_languages"] = list(self.base_languages)
         if not self.lora_rank:
             # A full fine-tuning run saves exactly the settings it saved before LoRA existed (byte-identical files).
             for key in LORA_KEYS:
@@ -106,7 +121,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         values = {k: v for k, v in d.items() if k in FIELD_NAMES}
-        for key in ("train_manifests", "val_manifests", "lora_targets"):
+        for key in ("train_manifests", "val_manifests", "lora_targets", "base_languages"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -136,6 +151,10 @@ LEGACY_VALUES: dict[str, Any] = {
     "lora_targets": tuple(LORA_TARGET_PATHS),
     "lora_dropout": 0.0,
     "early_stop_patience": 0,  # before early stopping: never
+    "forgetting_limit": 0.0,  # before the forgetting guard: no guard
+    "forgetting_metric": "mel_loss",
+    "forgetting_stop": False,
+    "base_languages": (),
     "sample_interval": 0,  # before generation at validation: none
     "sample_temperature": 0.0,  # before sampled generation: greedy
     "sample_top_k": 0,
@@ -194,7 +213,8 @@ HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "va
 FREE_KEYS = (
     *HARDWARE_KEYS, "epochs", "max_steps", "amp", "tf32", "grad_checkpointing", "deterministic", "val_interval",
     "max_val_batches", "save_interval", "keep_checkpoints", "background_saves", "log_interval", "log_sample_ids",
-    "best_metric", "early_stop_patience", "sample_interval", "sample_temperature", "sample_top_k", "sample_top_p",
+    "best_metric", "early_stop_patience", "forgetting_limit", "forgetting_metric", "forgetting_stop", "base_languages",
+    "sample_interval", "sample_temperature", "sample_top_k", "sample_top_p",
     "val_manifests",
     "output_dir", "base_checkpoint", "config",
     "train_manifests", "tokenizer",  # compared through fingerprints instead of paths

@@ -117,6 +117,9 @@ class StepPlan:
     epoch: int
     step_in_epoch: int
     micro_batches: list[list[int]]
+    # With replay mixing (trainers/data/mixing.py): how many of the samples each replay manifest gave; the
+    # others are the epoch's (target) samples.
+    replayed: tuple[int, ...] = ()
 
     @property
     def samples(self) -> list[int]:

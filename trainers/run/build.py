@@ -82,6 +82,7 @@ def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dty
 def build_data(cfg: RunConfig, inputs: RunInputs) -> tuple[TrainData, FeatureDataset | None]:
     spec = cfg.family.feature_spec(cfg.gpt)
     train = TrainData(inputs.train_samples, spec, cfg.settings.seed, cfg.settings.effective_batch,
-                      grouped=cfg.settings.data_order == "grouped", train_samples=cfg.settings.train_samples)
+                      grouped=cfg.settings.data_order == "grouped", train_samples=cfg.settings.train_samples,
+                      mixing=inputs.mixing)
     val = FeatureDataset(inputs.val_samples, spec) if inputs.val_samples else None
     return train, val

@@ -19,16 +19,19 @@ from trainers.config.settings import BASE_FINGERPRINT, TrainConfig
 from trainers.data.feature_fit import check_features_fit
 from trainers.data.manifest import ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
+from trainers.data.mixing import Mixing, build_mixing, manifest_specs
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config
 from trainers.files import dict_sha256, file_sha256, os_error_in_chain
+from trainers.training.forgetting import Guard, language_problems
 from trainers.model.gpt_model import GPTConfig
 from trainers.model.weights import StateDict, check_base_fits, read_state_dict, refuse_bad_values
 
 log = logging.getLogger("train")
 
 DEMO_DATA_DIR = "demo_data"
+DATA_SHARES = "data_shares"  # the run fingerprint of the replay shares (trainers/data/mixing.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,17 @@ class RunInputs:
     base_state: StateDict | None  # --base-checkpoint's tensors, read once
     checked: tuple[CheckedManifests, ...] = ()  # their validated-manifest caches, written once the run is locked
     family: ModelFamily = FAMILIES["indextts2"]
+    mixing: Mixing | None = None  # replay manifests (--train-manifest F::LANG@SHARE) and the target samples
+
+    @property
+    def epoch_samples(self) -> int:
+        """The samples an epoch is made of: all training samples, or with replay mixing the target manifests'."""
+        return len(self.mixing.target) if self.mixing else len(self.train_samples)
+
+    @property
+    def epoch_batch(self) -> int | None:
+        """Target samples per step with replay mixing (None: the effective batch)."""
+        return self.mixing.target_per_step if self.mixing else None
 
     def save_manifest_caches(self) -> None:
         for manifests in self.checked:
@@ -117,7 +131,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     limits = family.data_limits(gpt)
     run_dir = Path(cfg.output_dir)
     try:
-        train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
+        train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
         train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"))
         val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"))
@@ -134,6 +148,16 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         "tokenizer": tokenizer_sha,
         "model_config": model_config_fingerprint(gpt),
     }
+    validated = cfg.validated_samples(len(val.table)) if val else 0
+    mixing = build_mixing(cfg.train_manifests, train.table, cfg.effective_batch,
+                          list(val.table.languages(validated)) if val else [], validated)
+    if mixing:  # which samples make a step: a change of the shares is a change of the training data
+        fingerprints[DATA_SHARES] = mixing.describe()
+        log.info("%s", mixing.summary())
+    guard_problems = language_problems(Guard.of(cfg, mixing.languages if mixing else ()),
+                                       list(val.table.languages(validated)) if val else [], validated)
+    if guard_problems:
+        raise UserError("\n".join([*guard_problems, "nothing was written"]))
     if cfg.lora_rank and cfg.base_checkpoint:
         # A LoRA checkpoint holds no base tensors: its base is this file, recognised on resume by its bytes.
         fingerprints[BASE_FINGERPRINT] = file_sha256(Path(cfg.base_checkpoint))
@@ -144,7 +168,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
             check_base_fits(Path(cfg.base_checkpoint), base_state, family.build_model(gpt).state_dict(),
                             report_unknown=False, layout=family.layout)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train.table, val.table if val else None, fingerprints, base_state,
-                     (train, *([val] if val else [])), family)
+                     (train, *([val] if val else [])), family, mixing)
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:

@@ -18,8 +18,9 @@ from typing import Any
 from trainers.config.bounds import MAX_COUNT, flag_of, value_problems
 from trainers.config.flags import CommandLine
 from trainers.config.settings import (
-    AMP_MODES, DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, LORA_KEYS, LORA_TARGET_PATHS, TrainConfig,
+    AMP_MODES, BEST_METRICS, DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, LORA_KEYS, LORA_TARGET_PATHS, TrainConfig,
 )
+from trainers.data.mixing import share_problems
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
@@ -101,10 +102,11 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
         base_tokens = text_tokens
     vocab = Vocabulary(text_tokens, base_tokens)
     freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
-    n_train = _samples_per_epoch(settings, len(inputs.train_samples))
-    settings = _additional_epochs(cmd, settings, saved, n_train)
+    n_train = _samples_per_epoch(settings, inputs.epoch_samples, inputs.mixing is not None)
+    per_step = inputs.epoch_batch or settings.effective_batch  # with replay mixing: the target samples of a step
+    settings = _additional_epochs(cmd, settings, saved, n_train, per_step)
     train = replace(settings, freeze_base_vocab=freeze,
-                    lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
+                    lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train, per_step))
     check_horizon(train, n_train)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
@@ -134,14 +136,16 @@ def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
     return f"branched from {origin}"
 
 
-def _samples_per_epoch(cfg: TrainConfig, available: int) -> int:
+def _samples_per_epoch(cfg: TrainConfig, available: int, mixed: bool = False) -> int:
     if cfg.train_samples > available:
-        raise UserError(f"--train-samples {cfg.train_samples}: the training manifests hold {available} samples; pass "
+        which = "target manifests (those without a replay share)" if mixed else "training manifests"
+        raise UserError(f"--train-samples {cfg.train_samples}: the {which} hold {available} samples; pass "
                         f"at most {available} (0 uses all of them)")
     return cfg.train_samples or available
 
 
-def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None, n_train: int) -> TrainConfig:
+def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None, n_train: int,
+                       per_step: int) -> TrainConfig:
     """--additional-epochs N: the run ends N x (steps per epoch) optimizer steps after where it stands."""
     if not cmd.additional_epochs:
         return cfg
@@ -150,7 +154,7 @@ def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | Non
                         "that has a checkpoint; for a new run use --epochs")
     if {"max_steps", "epochs"} & cmd.given.keys():
         raise UserError("--additional-epochs sets where the run ends: pass it without --max-steps and --epochs")
-    end = saved.checkpoint.step + cmd.additional_epochs * math.ceil(n_train / cfg.effective_batch)
+    end = saved.checkpoint.step + cmd.additional_epochs * math.ceil(n_train / per_step)
     log.info("--additional-epochs %d: training to step %d (%d more steps from step %d, epoch %d)",
              cmd.additional_epochs, end, end - saved.checkpoint.step, saved.checkpoint.step, saved.checkpoint.epoch)
     return replace(cfg, max_steps=end, epochs=max(cfg.epochs, saved.checkpoint.epoch + cmd.additional_epochs + 1))
@@ -178,9 +182,10 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def planned_steps(cfg: TrainConfig, num_samples: int) -> int:
-    """Steps of --epochs over the data, or --max-steps if that comes first."""
-    by_epochs = cfg.epochs * math.ceil(num_samples / cfg.effective_batch)
+def planned_steps(cfg: TrainConfig, num_samples: int, per_step: int | None = None) -> int:
+    """Steps of --epochs over the data (`per_step` of its samples a step: the effective batch unless replay
+    mixing takes part of it), or --max-steps if that comes first."""
+    by_epochs = cfg.epochs * math.ceil(num_samples / (per_step or cfg.effective_batch))
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
@@ -282,7 +287,7 @@ def _given_batch_split(given: dict[str, Any], world_size: int = 1) -> dict[str, 
 
 def check_values(cfg: TrainConfig) -> None:
     """Every setting inside its accepted range (trainers/config/bounds.py), all problems at once."""
-    problems = value_problems(cfg.to_dict())
+    problems = value_problems(cfg.to_dict()) + share_problems(cfg.train_manifests)
     if cfg.data_order not in ("grouped", "random"):
         problems.append(f"--data-order must be grouped or random, got {cfg.data_order!r}")
     if cfg.dropout_masks not in ("v1", "v2"):
@@ -294,6 +299,7 @@ def check_values(cfg: TrainConfig) -> None:
     if cfg.best_metric.startswith("gen/") and not cfg.sample_interval:
         problems.append(f"--best-metric {cfg.best_metric} is a generation metric: pass --sample-interval N too "
                         "(generation at validation is off)")
+    problems += forgetting_problems(cfg)
     if not cfg.sample_temperature and (cfg.sample_top_k or cfg.sample_top_p != 1.0):
         problems.append(f"--sample-top-k {cfg.sample_top_k} / --sample-top-p {cfg.sample_top_p} filter sampled codes, "
                         "and generation is greedy: pass --sample-temperature T (> 0, e.g. 0.8) too, or --sample-top-k 0 "
@@ -308,6 +314,22 @@ def check_values(cfg: TrainConfig) -> None:
             raise UserError("no training data: pass --train-manifest FILE (or --demo for the built-in corpus)")
         if not cfg.tokenizer:
             raise UserError("no tokenizer: pass --tokenizer bpe.model (the SentencePiece model your text ids came from)")
+
+
+def forgetting_problems(cfg: TrainConfig) -> list[str]:
+    """The guard's settings on their own (whether its languages are validated is checked with the manifests)."""
+    problems = []
+    if cfg.forgetting_metric not in BEST_METRICS:
+        problems.append(f"--forgetting-metric must be one of {', '.join(BEST_METRICS)}, got {cfg.forgetting_metric!r}")
+    elif cfg.forgetting_limit and cfg.forgetting_metric.startswith("gen/") and not cfg.sample_interval:
+        problems.append(f"--forgetting-metric {cfg.forgetting_metric} is a generation metric: pass --sample-interval N "
+                        "too (generation at validation is off)")
+    if cfg.forgetting_stop and not cfg.forgetting_limit:
+        problems.append("--forgetting-stop ends the run at a validation past --forgetting-limit, which is 0 (off): pass "
+                        "--forgetting-limit X (e.g. 0.1 for a 10% rise), or --no-forgetting-stop")
+    if any(not lang for lang in cfg.base_languages):
+        problems.append("--base-language: an empty language; name a language of the validation (--val-manifest V::LANG)")
+    return problems
 
 
 def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, text_tokens: int,

@@ -47,6 +47,12 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
             "own directory; for another rank start a new run (a new --output-dir) from --base-checkpoint, and to adapt "
             f"this checkpoint's model branch it into a new directory: --resume {path} --output-dir NEW_DIR "
             "--lora-rank R")
+    if any(c.key == "data_shares" for c in breaking):
+        lines.append(
+            "  the replay shares (--train-manifest F::LANG@SHARE) decide which samples make each step: changing them "
+            "changes the training data like another manifest would. Give the original shares again (or leave "
+            "--train-manifest out to keep them), or pass --allow-config-change: the rest of the current epoch is "
+            "then cut into steps of the new target count, no target sample repeated or skipped")
     if any(c.key == "effective_batch" for c in breaking):
         lines.append(
             f"  the effective batch is a hyperparameter of the run ({saved.effective_batch} samples per step); "

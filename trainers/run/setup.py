@@ -41,6 +41,7 @@ from trainers.training.optimization import Optimization
 from trainers.training.distributed import World
 from trainers.training.torchrun_env import batch_summary
 from trainers.training.rank_zero import NoLock
+from trainers.training.forgetting import Forgetting, Guard
 from trainers.training.progress import TrainingProgress
 from trainers.training.rng import ProcessRNG
 
@@ -77,6 +78,16 @@ class Run:
     def micro_batch(self) -> int:
         """This process's micro-batch now (out-of-memory recovery lowers it)."""
         return self.hardware.split.micro_batch
+
+    @property
+    def guard(self) -> Guard:
+        """--forgetting-limit's settings; its base languages default to the replay manifests' languages."""
+        return Guard.of(self.settings, self.data.mixing.languages if self.data.mixing else ())
+
+    @property
+    def forgetting(self) -> Forgetting:
+        """The forgetting measure's base figures and the guard's verdict (saved with the progress)."""
+        return self.progress.forgetting
 
     def validation_sets(self, count: int) -> dict[str, list[int]]:
         """The first `count` validation samples' indices, by language."""

@@ -2,9 +2,11 @@
 
     python tools/plot_runs.py runs/my_voice [runs/other ...] --out runs.png
 
-Four panels (text loss, mel loss, mel top-1 accuracy, learning rate), and two more where a run generated
-at validation (--sample-interval: the share of samples that stopped, generated / reference length), one
-colour per run:
+Four panels (text loss, mel loss, mel top-1 accuracy, learning rate), two more where a run generated
+at validation (--sample-interval: the share of samples that stopped, generated / reference length), and
+one per validation language where a run validated several languages or ran the forgetting guard
+(--forgetting-limit): that language's validation mel loss against its base model's, in percent (the
+forgetting measure; a base language's limit as a dotted horizontal line); one colour per run:
 training values solid, validation values dashed with dots, a dotted vertical line at each step
 where the run was resumed and a dash-dot one at the step of its best.pth (if it has one).
 
@@ -72,6 +74,10 @@ class RunHistory:
     best: int | None = None
     label: str = ""
     notes: list[str] = field(default_factory=list)
+    # The forgetting measure: per validation language, its mel loss against the base's (%) at each validation;
+    # the guard's limit (%) per base language, from the last validation it judged.
+    forgetting: dict[str, Points] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
 
     def series(self, kind: str, key: str) -> Points:
         return (self.train if kind == "train" else self.val).get(key, [])
@@ -106,6 +112,23 @@ def history_series(history: list[Any]) -> tuple[dict[str, Points], dict[str, Poi
     return train, val, sorted(set(resumes))
 
 
+def forgetting_series(history: list[Any]) -> tuple[dict[str, Points], dict[str, float]]:
+    """Each validation language's mel loss change from its base (%), per step, and the guard's limits (%)."""
+    series: dict[str, dict[int, float]] = {}
+    limits: dict[str, float] = {}
+    for entry in history:
+        if not isinstance(entry, dict) or entry.get("kind") != "val" or not isinstance(entry.get("step"), int):
+            continue
+        for lang, change in (entry.get("forgetting") or {}).items():
+            value = _value(change.get("mel_loss_rel")) if isinstance(change, dict) else None
+            if value is not None:
+                series.setdefault(str(lang), {})[entry["step"]] = 100 * value
+        guard = entry.get("forgetting_guard")
+        if isinstance(guard, dict) and guard.get("metric") == "mel_loss" and _value(guard.get("limit")) is not None:
+            limits = {str(lang): 100 * guard["limit"] for lang in guard.get("languages", [])}
+    return {lang: sorted(points.items()) for lang, points in series.items()}, limits
+
+
 def load_run(run_dir: Path) -> RunHistory:
     """The run's history from its newest checkpoint; UserError says why a run cannot be plotted."""
     if not run_dir.is_dir():
@@ -122,6 +145,7 @@ def load_run(run_dir: Path) -> RunHistory:
                 raise UserError(f"{path.name}: {exc.reason}") from None
     train, val, resumes = history_series(ckpt.history)
     run = RunHistory(run_dir, path, ckpt.step, train, val, resumes)
+    run.forgetting, run.limits = forgetting_series(ckpt.history)
     best = run_dir / BEST_NAME
     if best.is_file():
         try:
@@ -150,10 +174,16 @@ def build_figure(runs: list[RunHistory]) -> Figure:
     what they show ("train:LABEL", "val:LABEL", "resume:LABEL", "best:LABEL"), for tests and readers."""
     generated = any(run.val.get(key) for run in runs for key, _, _ in GEN_PANELS)
     panels = PANELS + GEN_PANELS if generated else PANELS
-    fig = Figure(figsize=(13, 4.25 * len(panels) // 2), layout="constrained")
+    languages = forgetting_languages(runs)
+    rows = math.ceil((len(panels) + len(languages)) / 2)
+    fig = Figure(figsize=(13, 4.25 * rows), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(panels) // 2, 2, sharex=True).flatten()
+    axes = fig.subplots(rows, 2, sharex=True).flatten()
     colours = run_colours(len(runs))
+    for ax, lang in zip(axes[len(panels):], languages):
+        forgetting_panel(ax, lang, runs, colours)
+    for ax in axes[len(panels) + len(languages):]:
+        ax.set_visible(False)
     for ax, (key, title, _) in zip(axes, panels):
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
@@ -173,7 +203,7 @@ def build_figure(runs: list[RunHistory]) -> Figure:
             ax.text(0.5, 0.5, "no values logged", transform=ax.transAxes, ha="center", va="center", color="grey")
         if key == "lr":
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    for ax in axes[-2:]:
+    for ax in [a for a in axes if a.get_visible()][-2:]:
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles = [Line2D([], [], color=c, linewidth=3, label=r.label) for r, c in zip(runs, colours)]
@@ -181,8 +211,31 @@ def build_figure(runs: list[RunHistory]) -> Figure:
                 Line2D([], [], color="black", label="validation", **VAL_STYLE),
                 Line2D([], [], color="black", label="resumed", **RESUME_STYLE),
                 Line2D([], [], color="black", label="best.pth", **BEST_STYLE)]
+    if any(run.limits for run in runs):
+        handles.append(Line2D([], [], color="black", label="--forgetting-limit", **RESUME_STYLE))
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), frameon=False)
     return fig
+
+
+def forgetting_languages(runs: list[RunHistory]) -> list[str]:
+    """The languages that get a forgetting panel: all of them where a run validated several or ran the guard."""
+    languages = sorted({lang for run in runs for lang in run.forgetting})
+    return languages if len(languages) > 1 or any(run.limits for run in runs) else []
+
+
+def forgetting_panel(ax: Any, lang: str, runs: list[RunHistory], colours: list[Any]) -> None:
+    """One language's validation mel loss against its base model's, in percent, per run (gid "forgetting:LABEL"),
+    with the guard's limit where it watches this language (gid "limit:LABEL")."""
+    ax.set_title(f"forgetting: {lang} (validation mel loss vs base, %)")
+    ax.grid(True, alpha=0.3)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    for run, colour in zip(runs, colours):
+        points = run.forgetting.get(lang)
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, color=colour, gid=f"forgetting:{run.label}", **VAL_STYLE)
+        if lang in run.limits:
+            ax.axhline(run.limits[lang], color=colour, gid=f"limit:{run.label}", **RESUME_STYLE)
 
 
 def save_png(fig: Figure, out: Path) -> None:

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainers.training.generation_metrics import HIGHER_IS_BETTER as GEN_HIGHER_IS_BETTER
+from trainers.training.forgetting import HIGHER_IS_BETTER, Forgetting
 from trainers.training.train_log import LogInterval
 
 log = logging.getLogger("train")
 
-HIGHER_IS_BETTER = {"mel_top1", *GEN_HIGHER_IS_BETTER}  # every other --best-metric is a loss or lower-is-better
+__all__ = ["HIGHER_IS_BETTER", "TrainingProgress"]  # HIGHER_IS_BETTER: which --best-metric values are better higher
 
 
 @dataclass
@@ -31,6 +31,10 @@ class TrainingProgress:
     # Validations in a row that did not beat the best (--early-stop-patience counts them): saved, so a
     # resumed run stops where the uninterrupted one does.
     stale_validations: int = 0
+    # The base figures of each validation language and the last validation's (the forgetting measure and
+    # --forgetting-limit's verdict): saved, so a resumed run measures from the same base and stops where the
+    # uninterrupted one does.
+    forgetting: Forgetting = field(default_factory=Forgetting)
 
     def improves(self, metric: str, means: dict[str, float]) -> bool:
         """Whether this validation beats the best one (a best of another metric is compared no more)."""
@@ -65,7 +69,7 @@ class TrainingProgress:
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "samples_seen": self.samples_seen, "history": list(self.history),
                 "best": dict(self.best) if self.best else None, "interval": self.interval.state_dict(),
-                "stale_validations": self.stale_validations}
+                "stale_validations": self.stale_validations, "forgetting": self.forgetting.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
@@ -73,6 +77,9 @@ class TrainingProgress:
         self.history = list(state["history"])
         self.best = state.get("best")  # absent in files written before best.pth existed
         self.stale_validations = int(state.get("stale_validations", 0))  # absent before early stopping: 0
+        self.forgetting = Forgetting()
+        if state.get("forgetting") is not None:  # absent before the forgetting measure: the next validation is the base
+            self.forgetting.load_state_dict(state["forgetting"])
         if state.get("interval") is not None:
             self.interval.load_state_dict(state["interval"])
         else:

@@ -144,6 +144,9 @@ class QuietLog:
     def generation(self, *args: Any) -> None:
         pass
 
+    def forgetting(self, *args: Any) -> None:
+        pass
+
     def sample_ids(self, *args: Any) -> None:
         pass
 

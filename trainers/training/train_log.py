@@ -246,12 +246,29 @@ class TrainLog:
                  "longest_run_median %.1f samples %d seconds %.2f", step, metrics["gen/stop_rate"],
                  metrics["gen/length_ratio_median"], metrics["gen/length_error_median"],
                  metrics["gen/longest_run_median"], metrics["gen/samples"], seconds)
-        entry = self.history[-1] if self.history and self.history[-1].get("kind") == "val" else None
-        if entry is not None and entry["step"] == step:
-            entry.update(metrics)
-        else:
-            self.history.append({"kind": "val", "step": step, **metrics})
+        self._validation_entry(step).update(metrics)
         self.writer.flush()
+
+    @_io_errors_stop_the_run
+    def forgetting(self, measured: Any) -> None:
+        """A validation's forgetting measure (trainers/training/forgetting.py Measured): its lines and warnings,
+        TensorBoard's val/LANG/*_change scalars, and the fields of the validation's history entry."""
+        for line in measured.lines():
+            log.info("%s", line)
+        for line in measured.warnings():
+            log.warning("%s", line)
+        for name, value in measured.scalars().items():
+            self.writer.add_scalar(name, value, measured.step)
+        self._validation_entry(measured.step).update(measured.fields())
+        self.writer.flush()
+
+    def _validation_entry(self, step: int) -> dict[str, Any]:
+        """The history entry of this step's validation (appended if there is none)."""
+        entry = self.history[-1] if self.history and self.history[-1].get("kind") == "val" else None
+        if entry is None or entry["step"] != step:
+            entry = {"kind": "val", "step": step}
+            self.history.append(entry)
+        return entry
 
     @_io_errors_stop_the_run
     def scalar(self, name: str, value: float, step: int) -> None:
