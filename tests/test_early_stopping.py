@@ -2,7 +2,9 @@
 and that a resume respects the stop or extends it."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,19 @@ def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identica
     assert ours.step == theirs.step == 9
     assert_equal_nested(ours.model, theirs.model, "model")
     assert (out / "best.pth").exists() and schema.read(out / "best.pth").step == 3
+
+
+def test_a_kill_between_the_stopping_saves_rename_and_link_is_repaired_by_the_resume(stopped, demo_assets, tmp_path):
+    out = tmp_path / "run"
+    killed = train(out, *demo_assets, *PLAN, kill_at="save:9:renamed")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert final_state(out).step == 6  # model_step9.pth is complete, latest.pth still names the save before it
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "nothing to do: the run stopped early at step 9" in resumed.stderr
+    assert "latest.pth named model_step6.pth, behind model_step9.pth" in resumed.stderr
+    assert os.path.samefile(out / "latest.pth", out / "model_step9.pth")
+    assert_equal_nested(final_state(out).model, final_state(stopped).model, "model")
 
 
 def test_a_resume_respects_the_stop_and_a_larger_patience_extends_it(stopped, tmp_path):

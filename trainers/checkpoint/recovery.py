@@ -147,6 +147,37 @@ def set_aside(run_dir: Path, damaged: list[tuple[Path, str]], intact: Path) -> l
     return damaged
 
 
+def repair_latest(run_dir: Path, resumed: Path) -> None:
+    """Point latest.pth at `resumed`, the newest complete checkpoint `--resume auto` chose, where it names an
+    older one (a kill between a save's rename and its link) or none. Every reader of latest.pth (export, inspect,
+    the experiment API) then reads what a resume reads, also when the resume finds nothing left to train.
+    Call after every refusal, holding the run's lock; a `resumed` that is not a step file of `run_dir` is left."""
+    manager = CheckpointManager(run_dir, keep=0)
+    if resumed.parent.resolve() != manager.run_dir.resolve() or resumed.name not in [p.name for _, p in
+                                                                                   manager.step_files()]:
+        return
+    latest = manager.latest_path()
+    if file_identity(latest) == file_identity(resumed):
+        return
+    before = _described_latest(manager)
+    try:
+        manager.point_latest_at(resumed)
+    except OSError as err:
+        raise UserError(f"could not point {latest} at {resumed.name}, the newest complete checkpoint ({err}); fix the "
+                        "run directory's permissions or free disk space, then resume again (nothing was trained)"
+                        ) from None
+    log.info("%s %s, behind %s (the previous trainer stopped between that save and its link): it now refers to %s",
+             latest.name, before, resumed.name, resumed.name)
+
+
+def _described_latest(manager: CheckpointManager) -> str:
+    latest = manager.latest_path()
+    if not os.path.lexists(latest):
+        return "was missing"
+    twins = [p.name for p in _names_of(manager, file_identity(latest)) if p != latest]
+    return f"named {twins[0]}" if twins else ("was a dangling symlink" if not latest.exists() else "named another file")
+
+
 def _move_aside(path: Path) -> Path:
     target, n = path.with_name(path.name + ASIDE_SUFFIX), 1
     while os.path.lexists(target):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from trainers.checkpoint.checkpointer import Checkpointer
-from trainers.checkpoint.recovery import set_aside
+from trainers.checkpoint.recovery import repair_latest, set_aside
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig
 from trainers.data.loader import StepLoader
@@ -154,6 +154,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
 
     if resume and resume.damaged and world.is_main:  # every refusal is behind us: move damaged newer checkpoints aside
         set_aside(run_dir, list(resume.damaged), resume.path)
+    if resume and resume.path and cmd.resume == "auto" and world.is_main:  # latest.pth names what was resumed
+        repair_latest(run_dir, resume.path)
     same_device = cfg.settings.device in ("auto", cmd.given.get("device"))
     chosen = machine if same_device else detect_hardware(world.place(pick_device(cfg.settings.device)))
     precision = choose_amp(chosen, cfg.settings.amp)  # refuses bf16 on a GPU without it, before the model is built
