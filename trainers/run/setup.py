@@ -29,6 +29,7 @@ from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
+from trainers.run.sample_sets import refuse_unusable_folder
 from trainers.run.schedule import plan_schedule
 from trainers.run.validation_generation import ValidationGeneration
 from trainers.run.run_dir import (
@@ -142,6 +143,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     run_dir = cfg.run_dir
     ckpt = resume.checkpoint if resume else None
     changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
+    if cfg.settings.sample_interval and cfg.settings.val_manifests:
+        refuse_unusable_folder(run_dir)
 
     # Where this invocation stops and its learning rates: decided before any model is built, from the
     # checkpoint's position and schedule (read here; the one restore below loads them).
