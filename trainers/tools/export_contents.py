@@ -87,6 +87,18 @@ def expected_group_a(gpt: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def exported_state(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The tensors of an exported gpt.pth, out of a state dict in the upstream layout (a "module." prefix dropped), in
+    its order, and the names left out. The one definition of that key set (for the IndexTTS2 GPT), which the export
+    and tools/merge_lora.py both write: the model's own tensors (group A, under MODEL_NAMESPACES) and the
+    conditioning encoders carried from the base (group B), what upstream's UnifiedVoice loads strictly. Left out:
+    what it does not expect (inference_model.*, gpt.wte.*, attention masks) and anything outside those names."""
+    trained, _, dropped = split_state_dict(state)
+    left_out = sorted(dropped + [k for k in trained if not k.startswith(MODEL_NAMESPACES)])
+    gone = set(left_out)
+    return {k: v for k, v in strip_module_prefix(state)[0].items() if k not in gone}, left_out
+
+
 @dataclass
 class Selection:
     state: dict[str, torch.Tensor]
@@ -97,13 +109,14 @@ class Selection:
 
 def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Path) -> Selection:
     """Exactly the keys upstream's UnifiedVoice loads: group A as `gpt` shapes it, then the carried group B."""
-    trained, carried, dropped = split_state_dict(state)
+    kept, left_out = exported_state(state)
+    carried = {k: v for k, v in kept.items() if k.startswith(CARRIED_PREFIXES)}
+    trained = {k: v for k, v in kept.items() if k not in carried}
     expected = expected_group_a(gpt)
     problems = [f"missing: {k}" for k in expected if k not in trained]
     problems += [f"{k}: file {tuple(trained[k].shape)}, config {shape}" for k, shape in expected.items()
                  if k in trained and tuple(trained[k].shape) != shape]
-    problems += [f"not in the model of the config: {k}" for k in trained
-                 if k not in expected and k.startswith(MODEL_NAMESPACES)]
+    problems += [f"not in the model of the config: {k}" for k in trained if k not in expected]
     if problems:
         raise UserError("\n".join([f"{source} does not fit the gpt section of the config:", *listed(problems),
                                    "pass the --config the checkpoint was trained with"]))
@@ -112,10 +125,9 @@ def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Pa
         raise UserError(f"{source} lacks the conditioning-encoder tensors {', '.join(lacking)}, which IndexTTS2 "
                         "inference loads strictly: export a checkpoint of a run started with --base-checkpoint "
                         "(the official gpt.pth), whose tensors the trainer carries into every checkpoint")
-    unknown = [k for k in trained if k not in expected]  # outside the model's namespaces and group B
     selected = {k: trained[k] for k in expected}
     selected.update(carried)
-    return Selection(selected, len(expected), len(carried), sorted(dropped + unknown))
+    return Selection(selected, len(expected), len(carried), left_out)
 
 
 def cast(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
