@@ -89,7 +89,9 @@ SMOKES: dict[str, Smoke] = {
         rf"^checksums at save \(integrity\.compute\): {NUMS} s; median {NUM} s = \d+% of the save",
         rf"^load alone \(torch\.load weights_only\): {NUMS} s; median {NUM} s",
         rf"^load \+ verify \(schema\.read\): {NUMS} s; median {NUM} s",
-        rf"^verification adds {NUM} s to a warm-cache load"), 4),
+        rf"^verification adds {NUM} s to a warm-cache load",
+        rf"^mapped read \+ verify \(what export does\): {NUMS} s; median {NUM} s; export's verification adds {NUM} s"),
+        4),
     "throughput.py": Smoke(("--smoke",), (
         rf"^\| old \| {NUM} \| [\d,]+ \| {NUMS} \|$",
         rf"^\| new \| {NUM} \| [\d,]+ \| {NUMS} \|$",

@@ -40,6 +40,10 @@ ASIDE_SUFFIX = ".corrupt"
 class NoIntactCheckpoint(UserError):
     """Every checkpoint of the run directory is damaged (exit 2)."""
 
+    def __init__(self, message: str, tried: list[tuple[Path, str]]) -> None:
+        super().__init__(message)
+        self.tried = tried  # (file, why), newest first
+
 
 @dataclass(frozen=True)
 class Damaged:
@@ -55,11 +59,13 @@ class Found:
     damaged: list[tuple[Path, str]]  # newer files that failed, and why: for set_aside()
 
 
-def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
+def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, quiet: bool = False) -> Found | None:
     """The newest checkpoint of `run_dir` that reads and verifies (None: the run has none).
 
     `first` is the file `find_resume` chose, when the caller already asked. Each damaged file newer
-    than the one returned gets a WARNING saying which and why; nothing is renamed here.
+    than the one returned gets a WARNING saying which and why (not with `quiet`: a tool says it in its
+    own words, from `Found.damaged`); nothing is renamed here. `mmap`: tensors mapped, not read into
+    memory (the checksums still read every one), for a tool that reads the checkpoint it exports.
     """
     manager = CheckpointManager(run_dir, keep=0)
     first = first or manager.find_resume()
@@ -68,15 +74,16 @@ def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
     tried: list[tuple[Path, str]] = []
     for path in _candidates(manager, Path(first)):
         try:
-            ckpt = schema.read(path)
+            ckpt = schema.read(path, mmap=mmap, verify=True)
         except schema.UnknownFormat:
             raise
         except CheckpointError as exc:
-            log.warning("checkpoint %s in %s is damaged and cannot be resumed: %s", _described(manager, path),
-                        manager.run_dir, exc.reason)
+            if not quiet:
+                log.warning("checkpoint %s in %s is damaged and cannot be resumed: %s", _described(manager, path),
+                            manager.run_dir, exc.reason)
             tried.append((path, exc.reason))
             continue
-        if tried:
+        if tried and not quiet:
             log.warning("--resume auto: resuming from %s, the newest intact checkpoint, instead of the damaged %s; "
                         "the steps after it are trained again (with the same result)", path.name,
                         ", ".join(p.name for p, _ in tried))
@@ -85,7 +92,7 @@ def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
              *[f"  {_described(manager, p)}: {reason}" for p, reason in tried],
              "Nothing was renamed or deleted. Put an intact copy (from a backup) into the run directory, pass "
              "--resume PATH of one, or start a new run with another --output-dir"]
-    raise NoIntactCheckpoint("\n".join(lines))
+    raise NoIntactCheckpoint("\n".join(lines), tried)
 
 
 def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
@@ -98,6 +105,11 @@ def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
             seen.add(ident)
             out.append(path)
     return out
+
+
+def described(run_dir: Path, path: Path) -> str:
+    """`latest.pth (= model_step40.pth)` for a name shared with a step file of `run_dir`, else the name."""
+    return _described(CheckpointManager(run_dir, keep=0), path)
 
 
 def _described(manager: CheckpointManager, path: Path) -> str:

@@ -24,7 +24,9 @@ from trainers.model.vocabulary import tokenizer_size
 from trainers.model.weights import (
     CARRIED_PREFIXES, MODEL_NAMESPACES, split_state_dict, state_dict_of, strip_module_prefix,
 )
+from trainers.checkpoint.recovery import described
 from trainers.tools.export_output import RECORD_NAME
+from trainers.tools.run_files import checkpoint_path, newest_intact_checkpoint
 from trainers.torch_files import CheckpointError, load_checkpoint
 
 GPT_NAME = "gpt.pth"
@@ -44,6 +46,7 @@ class Source:
     kind: str  # "trainer", "official" ({"model": sd}) or "raw" (a bare state dict)
     state: dict[str, torch.Tensor]
     checkpoint: schema.Checkpoint | None = None
+    notes: list[str] = field(default_factory=list)  # damaged newer checkpoints passed over, said with the export
 
     def describe(self) -> str:
         if self.checkpoint is None:
@@ -52,8 +55,21 @@ class Source:
         return f"{self.path} (trainer checkpoint, step {c.step}, run {c.run_id or 'unnamed'})"
 
 
+def read_source(target: Path, which: str | None) -> Source:
+    """What to export, verified against its checksums: a file as it is named, or the checkpoint of run directory
+    `target` that `which` names, where "latest" (the default) is the one `--resume auto` would continue: the newest
+    intact checkpoint, damaged newer ones passed over with a note."""
+    if not (target.is_dir() and which in (None, "latest")):
+        return load_source(checkpoint_path(target, which))
+    found = newest_intact_checkpoint(target)
+    notes = [f"{described(target, path)} is damaged ({why}): exported {found.path.name}, the newest intact checkpoint, "
+             "which --resume auto would continue" for path, why in found.damaged]
+    return Source(found.path, "trainer", dict(found.checkpoint.model), found.checkpoint, notes)
+
+
 def load_source(path: Path) -> Source:
-    """A trainer checkpoint (through the schema) or an official gpt.pth; tensors are mapped, not read."""
+    """A trainer checkpoint (through the schema, its checksums verified) or an official gpt.pth; tensors are mapped,
+    not read into memory (the checksums read each one once)."""
     try:
         return _load_source(path, mmap=True)
     except CheckpointError:
@@ -67,8 +83,11 @@ def load_source(path: Path) -> Source:
 
 def _load_source(path: Path, mmap: bool) -> Source:
     try:
-        ckpt = schema.read(path, mmap=mmap)
+        ckpt = schema.read(path, mmap=mmap, verify=True)
         return Source(path, "trainer", dict(ckpt.model), ckpt)
+    except schema.IntegrityError as exc:
+        raise UserError(f"{path}: {exc.reason}; nothing was exported. Export another checkpoint of the run (--which "
+                        "STEP), or its run directory, whose newest intact checkpoint is then chosen") from None
     except schema.SchemaError as exc:
         obj = load_checkpoint(path, mmap=mmap)  # it loaded above; only its contents were not a trainer checkpoint
         if schema.is_trainer_checkpoint(obj):
