@@ -75,6 +75,22 @@ def test_a_resume_respects_the_stop_and_a_larger_patience_extends_it(stopped, tm
     assert final_state(out).step == 12  # one more validation without a new best
 
 
+def test_a_larger_patience_killed_before_its_first_save_is_continued_by_resume_auto_alone(stopped, tmp_path):
+    reference = tmp_path / "reference"
+    shutil.copytree(stopped, reference)
+    assert train_here(reference, "--resume", "auto", "--early-stop-patience", "3").returncode == 0
+    out = tmp_path / "run"
+    shutil.copytree(stopped, out)
+    killed = train(out, "--resume", "auto", "--early-stop-patience", "3", kill_at="micro:11:0")
+    assert killed.returncode == -signal.SIGKILL and final_state(out).step == 9
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "early_stop_patience 2 -> 3" in resumed.stderr and "nothing to do" not in resumed.stderr
+    ours, theirs = final_state(out), final_state(reference)
+    assert ours.step == theirs.step == 12
+    assert_equal_nested(ours.model, theirs.model, "model")
+
+
 def test_a_resume_with_another_best_metric_counts_from_zero(stopped, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(stopped, out)

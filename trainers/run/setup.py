@@ -29,6 +29,7 @@ from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
+from trainers.run.run_plan import plan_record
 from trainers.run.sample_sets import refuse_unusable_folder
 from trainers.run.schedule import plan_schedule
 from trainers.run.validation_generation import ValidationGeneration
@@ -183,8 +184,10 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
     if world.is_main:
+        # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
+        plan = plan_record(resume.plan_key, schedule) if resume and resume.plan_key else None
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo)
+                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
                if ds else None for ds in (data.dataset, val_set)]
