@@ -128,9 +128,9 @@ SMOKES: dict[str, Smoke] = {
         r"resumed bit-identically \d+, differed \d+, failed \d+$",
         r"^signals +\d+ +\d+  stopped mid-run, resumed bit-identically \d+, .* differed \d+, failed \d+$",
         r"^corruptions +\d+ +\d+  damage detected by inspect_checkpoint --verify \d+/\d+; fell back, ended "
-        r"bit-identical \d+, refused cleanly \d+, harmless \d+, failed \d+$",
-        r"^inputs +\d+ +\d+  clear error \d+, clear error after start-up \d+, traceback \d+, accepted silently \d+, "
-        r"other \d+$",
+        r"bit-identical \d+, refused cleanly \d+, caught by merge/export \d+, harmless \d+, failed \d+$",
+        r"^inputs +\d+ +\d+  clear error \d+, clear error after start-up \d+, warned, trained on \d+, traceback \d+, "
+        r"accepted silently \d+, other \d+$",
         r"^all +(\d+) +\1$",
         r"^every trial kept its promise$"), 31),
     # Its detailed checks are in tests/test_gpu_acceptance.py, on the same run's JSON report.
