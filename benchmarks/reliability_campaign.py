@@ -512,39 +512,35 @@ class Campaign:
     def final_save_trial(self, i: int) -> dict[str, Any]:
         """Killed between the final model_step file's rename and latest.pth's link: the resume has nothing to
         train and must still leave latest.pth naming that newest checkpoint."""
-        trial = self.work / "kills" / f"trial{i:02d}"
-        out = trial / "run"
+        out = self.work / "kills" / f"trial{i:02d}" / "run"
         point = f"save:{self.plan.steps}:renamed"
-        first = run_subprocess(out, [*self.assets, *self.plan.flags(), "--no-background-saves"],
-                               trial / "invocation0.log", kill_at=point)
-        first.attack = f"SIGKILL@{point}"
-        problems = [] if first.status == -signal.SIGKILL else [f"the kill at {point} did not land: status "
-                                                               f"{first.status}\n{first.tail()}"]
-        second = run_subprocess(out, ["--resume", "auto"], trial / "invocation1.log")
-        second.attack = "--resume auto"
-        if second.status != 0 or "nothing to do" not in second.stderr:
-            problems.append(f"the resume exited {second.status} without \"nothing to do\":\n{second.tail()}")
-        return self.fixed_record(i, "final save, killed between rename and link", out, [first, second], problems)
+        runs, problems = self.killed_then_resumed(out, [*self.assets, *self.plan.flags()], point, "", "nothing to do")
+        return self.fixed_record(i, "final save, killed between rename and link", out, runs, problems)
 
     def plan_change_trial(self, i: int) -> dict[str, Any]:
         """A finished run continued with a new end and a re-warm, killed before the continuation's first save:
         `--resume auto` alone must train the continuation, as the uninterrupted continuation did."""
-        rng = self.rng("plan change", i)
-        trial = self.work / "kills" / f"trial{i:02d}"
-        out = copy_run(self.references["off"].run, trial / "run")
+        out = copy_run(self.references["off"].run, self.work / "kills" / f"trial{i:02d}" / "run")
         steps = self.plan.steps
-        point = rng.choice(["setup", f"micro:{steps + 1}:0", f"step:{steps + 1}"])
-        first = run_subprocess(out, ["--resume", "auto", *self.longer_plan(), "--no-background-saves"],
-                               trial / "invocation0.log", kill_at=point)
-        first.attack = f"SIGKILL@{point} (resumed with --max-steps {steps + self.plan.save_every} --rewarm)"
+        point = self.rng("plan change", i).choice(["setup", f"micro:{steps + 1}:0", f"step:{steps + 1}"])
+        runs, problems = self.killed_then_resumed(out, ["--resume", "auto", *self.longer_plan()], point,
+                                                  f" (resumed with {' '.join(self.longer_plan())})",
+                                                  "continuing the plan")
+        return self.fixed_record(i, "plan change, killed before its first save", out, runs, problems,
+                                 self.extended_reference())
+
+    def killed_then_resumed(self, out: Path, args: list[str], point: str, about: str,
+                            said: str) -> tuple[list[Outcome], list[str]]:
+        """`args` SIGKILLed at `point`, then `--resume auto` alone, which must exit 0 saying `said`."""
+        first = run_subprocess(out, [*args, "--no-background-saves"], out.parent / "invocation0.log", kill_at=point)
+        first.attack = f"SIGKILL@{point}{about}"
         problems = [] if first.status == -signal.SIGKILL else [f"the kill at {point} did not land: status "
                                                                f"{first.status}\n{first.tail()}"]
-        second = run_subprocess(out, ["--resume", "auto"], trial / "invocation1.log")
+        second = run_subprocess(out, ["--resume", "auto"], out.parent / "invocation1.log")
         second.attack = "--resume auto"
-        if second.status != 0 or "continuing the plan" not in second.stderr:
-            problems.append(f"the resume exited {second.status} without continuing the plan:\n{second.tail()}")
-        return self.fixed_record(i, "plan change, killed before its first save", out, [first, second], problems,
-                                 self.extended_reference())
+        if second.status != 0 or said not in second.stderr:
+            problems.append(f"the resume exited {second.status} without saying \"{said}\":\n{second.tail()}")
+        return [first, second], problems
 
     def longer_plan(self) -> list[str]:
         return ["--max-steps", str(self.plan.steps + self.plan.save_every), "--rewarm"]
