@@ -73,7 +73,7 @@ Parts:
 --quick trains a 12-step run instead of 40, with 3 kill and 3 signal trials unless given (and the two
 fixed ones), 4 corruption and 8 input cases (and the tools' and sample sets' cases; see
 docs/reliability.md for its time). --smoke (for tests/test_benchmarks.py) trains 6 steps, with one
-kill trial (one SIGKILL), one signal trial, 2 corruption cases and the damaged adapter file, and 4
+kill trial (one SIGKILL), one signal trial, 2 corruption cases and the damaged adapter file, and 3
 input cases: every part once, to check that the script runs.
 The reference runs are built whatever --parts says: every part compares with or copies them.
 The campaign's folder (runs, logs) is made under --work-dir and kept, or in the temporary
@@ -159,7 +159,7 @@ FULL = Plan(steps=40, save_every=5, val_every=10)
 QUICK = Plan(steps=12, save_every=3, val_every=6)
 SMOKE = Plan(steps=6, save_every=2, val_every=3)
 SMOKE_CORRUPTIONS = ("newest: flip a byte in tensor data", "every checkpoint damaged")
-SMOKE_INPUTS = ("unknown flag", "bad JSON on line 3", "samples is a regular file (--sample-interval)")  # + two trainers
+SMOKE_INPUTS = ("unknown flag", "bad JSON on line 3")  # and the two trainers on one directory
 
 
 # ------------------------------------------------------------------------------------------ processes
