@@ -18,6 +18,10 @@ Finding the checkpoint only reads files (it runs before any model is built and b
 directory is locked); moving the damaged ones aside (`set_aside`) waits for the lock, so a resume that
 is refused later, or a second trainer, changes nothing. A checkpoint written in a format newer than
 this trainer reads is not damaged: the resume stops instead of falling back.
+
+`repair_latest` points a `latest.pth` left behind (a kill between a save's rename and its link) at the step
+file the resume chose, also when the run has nothing left to train; the tools find the same checkpoint with
+`newest_intact(..., mmap=True, quiet=True)` (trainers/tools/run_files.py) and move nothing.
 """
 from __future__ import annotations
 

@@ -4,6 +4,9 @@
     model_step{N}.pth   the last --keep-checkpoints checkpoints
     best.pth            the checkpoint with the best validation loss (written by the trainer from a
                         later version on; absent in older runs)
+
+`newest_intact_checkpoint` is the one `--resume auto` would continue (checksums verified, damaged newer
+ones passed over), for the export.
 """
 from __future__ import annotations
 
