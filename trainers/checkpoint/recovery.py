@@ -182,8 +182,8 @@ def repair_latest(run_dir: Path, resumed: Path) -> None:
         raise UserError(f"could not point {latest} at {resumed.name}, the newest complete checkpoint ({err}); fix the "
                         "run directory's permissions or free disk space, then resume again (nothing was trained)"
                         ) from None
-    log.info("%s %s, behind %s (the previous trainer stopped between that save and its link): it now refers to %s",
-             latest.name, before, resumed.name, resumed.name)
+    log.info("%s %s, behind %s (a save stopped before its link): it now refers to %s", latest.name, before,
+             resumed.name, resumed.name)
 
 
 def _described_latest(manager: CheckpointManager) -> str:
