@@ -16,8 +16,9 @@ Parts:
                with each other), then --kills trials. Each trial starts a run and SIGKILLs it,
                either after a random wall-clock delay or at an exact point drawn from the
                fault-injection grammar (trainers/faults.py: micro:N:J mid accumulation,
-               step:N, save:N:tmp_written|renamed|linked, validation:N, setup; with
-               --sample-interval also generate:N:0, mid-generation), then resumes it
+               step:N, save:N:tmp_written|renamed|linked, best.pth's save:N:best_tmp_written|
+               best_renamed, validation:N, setup; with --sample-interval also generate:N:0,
+               mid-generation), then resumes it
                with `--resume auto` (killed again 0-2 more times) until it finishes. Delays are
                drawn over the length of the rest of the run, as the reference runs timed it here;
                a run killed before it wrote run_config.json is started again with its command.
@@ -26,7 +27,13 @@ Parts:
                checkpoint and print no "damaged" warning; the end must equal the reference:
                every model and optimizer tensor torch.equal, the same position, the same
                sample_ids.tsv (with --sample-interval: every validation's sample set, equal to
-               the reference's, and no temporary file left under samples/).
+               the reference's, and no temporary file left under samples/), and latest.pth naming
+               the newest model_step file. Then two fixed trials (not with --smoke): a run killed
+               between the final model_step file's rename and latest.pth's link (the resume has
+               nothing to train and must still repair latest.pth), and a finished run resumed with
+               a new end and --rewarm, killed before the continuation's first save (at start-up's
+               end, mid-step or after a step), which `--resume auto` alone must continue to the end
+               of the uninterrupted continuation (a third reference run).
   signals      --signals trials: SIGTERM, SIGINT or SIGHUP (sometimes twice) at a random instant.
                Expected: exit 128+N (the kernel's default, reported as -N, is accepted too before
                start-up finished, when nothing was trained; never once the trainer is exiting, which
@@ -42,9 +49,14 @@ Parts:
                `--resume auto` must warn naming it, rename it aside with its bytes kept, resume
                from the newest intact checkpoint and end bit-identical to the reference (or stop
                with status 2 and change nothing when no checkpoint is intact). Damage that leaves
-               the loaded content identical (a zip CRC or timestamp) is counted as harmless.
-  inputs       108 bad inputs (37 flags, 14 config, 17 manifest, 10 feature files, 8 base
-               checkpoint, 4 tokenizer, 17 run directory, two trainers on one directory). Each is
+               the loaded content identical (a zip CRC or timestamp) is counted as harmless. Then
+               what the tools read: an adapter file with a flipped tensor byte, which
+               indextts-merge-lora must refuse (status 2, naming it; the intact file merges), and
+               (not with --smoke) the newest checkpoint damaged, which indextts-export must refuse
+               by name and pass over when exporting the run directory (the newest intact one,
+               with a note; the run directory unchanged).
+  inputs       109 bad inputs (37 flags, 14 config, 17 manifest, 10 feature files, 8 base
+               checkpoint, 4 tokenizer, 18 run directory, two trainers on one directory). Each is
                run in this process through trainers.train_gpt_v2.main (argparse's SystemExit is
                its status), or in a subprocess where the case is about processes, and classified:
                clear error (status 2, no traceback, the message names the flag/key/file), traceback,
@@ -52,12 +64,17 @@ Parts:
                it was (not created when it did not exist). Feature file contents are checked when
                a sample is first read (trainers/data/features.py), after the run has started: there
                a clear error that keeps the run directory for `--resume auto` keeps the promise and
-               is counted apart, as "clear error after start-up".
+               is counted apart, as "clear error after start-up". Then (not with --smoke) sample sets
+               that cannot be written mid-run, on a short run with --sample-interval 1: a directory
+               where a set goes, and a full disk under samples/ (a 64 KiB tmpfs, filled; skipped
+               with a note without root). The run must warn naming the set, train on and save its
+               final checkpoint, status 0: "warned, trained on".
 
---quick trains a 12-step run instead of 40, with 3 kill and 3 signal trials unless given, 4
-corruption and 7 input cases (about 1.5 minutes on a shared 2-core VM; the default about 4).
---smoke (for tests/test_benchmarks.py) trains 6 steps, with one kill trial (one SIGKILL), one signal
-trial, 2 corruption and 3 input cases: every part once, to check that the script runs.
+--quick trains a 12-step run instead of 40, with 3 kill and 3 signal trials unless given (and the two
+fixed ones), 4 corruption and 8 input cases (and the tools' and sample sets' cases; see
+docs/reliability.md for its time). --smoke (for tests/test_benchmarks.py) trains 6 steps, with one
+kill trial (one SIGKILL), one signal trial, 2 corruption cases and the damaged adapter file, and 3
+input cases: every part once, to check that the script runs.
 The reference runs are built whatever --parts says: every part compares with or copies them.
 The campaign's folder (runs, logs) is made under --work-dir and kept, or in the temporary
 directory and deleted unless --keep.
@@ -356,6 +373,18 @@ def final_checkpoint(run: Path) -> Path:
     return run / f"model_step{steps[-1]}.pth"
 
 
+def latest_behind(run: Path) -> str | None:
+    """After a finished run: None when latest.pth names its newest model_step file, else what it names instead."""
+    steps = step_files(run)
+    latest = run / "latest.pth"
+    if not steps or (latest.exists() and os.path.samefile(latest, run / f"model_step{steps[-1]}.pth")):
+        return None
+    named = [s for s in steps if latest.exists() and os.path.samefile(latest, run / f"model_step{s}.pth")]
+    return (f"latest.pth names model_step{named[0]}.pth, not the newest model_step{steps[-1]}.pth" if named else
+            f"latest.pth {'is missing' if not latest.exists() else 'names no model_step file'}; the newest is "
+            f"model_step{steps[-1]}.pth")
+
+
 def newest_saved_step(run: Path) -> int:
     steps = step_files(run)
     return steps[-1] if steps else 0
@@ -455,6 +484,8 @@ class Campaign:
             "micro": [f"micro:{n}:{j}" for n in ahead for j in range(p.accumulation)],
             "step": [f"step:{n}" for n in ahead],
             "save": [f"save:{n}:{ev}" for n in p.saves() if n > saved for ev in ("tmp_written", "renamed", "linked")],
+            "best": [f"save:{n}:best_{ev}" for n in p.validations() if n > saved or (n == 0 and fresh)
+                     for ev in ("tmp_written", "renamed")],  # best.pth, written at a validation
             "validation": [f"validation:{n}" for n in p.validations() if n > saved or (n == 0 and fresh)],
         }
         if p.sample_interval:  # after the first batch generated at a validation, before its set is written
@@ -471,7 +502,76 @@ class Campaign:
             records.append(self.kill_trial(i))
             r = records[-1]
             print(f"  kill trial {i + 1}/{count}: {r['verdict']:<14} {r['attacks']}", flush=True)
+        if not self.smoke:  # the kills that once left the run behind: at the final save, and after a plan change
+            for trial in (self.final_save_trial, self.plan_change_trial):
+                records.append(trial(len(records)))
+                r = records[-1]
+                print(f"  kill trial {r['name']}: {r['verdict']:<14} {r['attacks']}", flush=True)
         self.results["kills"] = records
+
+    def final_save_trial(self, i: int) -> dict[str, Any]:
+        """Killed between the final model_step file's rename and latest.pth's link: the resume has nothing to
+        train and must still leave latest.pth naming that newest checkpoint."""
+        out = self.work / "kills" / f"trial{i:02d}" / "run"
+        point = f"save:{self.plan.steps}:renamed"
+        runs, problems = self.killed_then_resumed(out, [*self.assets, *self.plan.flags()], point, "", "nothing to do")
+        return self.fixed_record(i, "final save, killed between rename and link", out, runs, problems)
+
+    def plan_change_trial(self, i: int) -> dict[str, Any]:
+        """A finished run continued with a new end and a re-warm, killed before the continuation's first save:
+        `--resume auto` alone must train the continuation, as the uninterrupted continuation did."""
+        out = copy_run(self.references["off"].run, self.work / "kills" / f"trial{i:02d}" / "run")
+        steps = self.plan.steps
+        point = self.rng("plan change", i).choice(["setup", f"micro:{steps + 1}:0", f"step:{steps + 1}"])
+        runs, problems = self.killed_then_resumed(out, ["--resume", "auto", *self.longer_plan()], point,
+                                                  f" (resumed with {' '.join(self.longer_plan())})",
+                                                  "continuing the plan")
+        return self.fixed_record(i, "plan change, killed before its first save", out, runs, problems,
+                                 self.extended_reference())
+
+    def killed_then_resumed(self, out: Path, args: list[str], point: str, about: str,
+                            said: str) -> tuple[list[Outcome], list[str]]:
+        """`args` SIGKILLed at `point`, then `--resume auto` alone, which must exit 0 saying `said`."""
+        first = run_subprocess(out, [*args, "--no-background-saves"], out.parent / "invocation0.log", kill_at=point)
+        first.attack = f"SIGKILL@{point}{about}"
+        problems = [] if first.status == -signal.SIGKILL else [f"the kill at {point} did not land: status "
+                                                               f"{first.status}\n{first.tail()}"]
+        second = run_subprocess(out, ["--resume", "auto"], out.parent / "invocation1.log")
+        second.attack = "--resume auto"
+        if second.status != 0 or said not in second.stderr:
+            problems.append(f"the resume exited {second.status} without saying \"{said}\":\n{second.tail()}")
+        return [first, second], problems
+
+    def longer_plan(self) -> list[str]:
+        return ["--max-steps", str(self.plan.steps + self.plan.save_every), "--rewarm"]
+
+    def extended_reference(self) -> Reference:
+        """The reference run continued, uninterrupted, with `longer_plan` (built once)."""
+        if "extended" not in self.references:
+            out = copy_run(self.references["off"].run, self.work / "reference" / "extended")
+            result = run_in_process(["--output-dir", str(out), "--resume", "auto", *self.longer_plan(),
+                                     "--no-background-saves"])
+            if result.status != 0:
+                raise CampaignError(f"the extended reference run failed with status {result.status}:\n{result.tail()}")
+            self.references["extended"] = Reference(out)
+        return self.references["extended"]
+
+    def fixed_record(self, i: int, name: str, out: Path, invocations: list[Outcome], problems: list[str],
+                     reference: Reference | None = None) -> dict[str, Any]:
+        problems += [f"invocation {n} printed a traceback:\n{o.tail()}" for n, o in enumerate(invocations)
+                     if "Traceback" in o.stderr]
+        finished = invocations[-1].status == 0
+        behind = latest_behind(out) if finished else None
+        if behind:
+            problems.append(behind)
+        differs = (reference or self.references["off"]).differences(out) if finished else []
+        verdict = "crashed" if not finished else "differing" if differs else \
+            ("bit-identical" if not problems else "broke a promise")
+        landed = sum(o.status == -signal.SIGKILL for o in invocations)
+        return {"trial": i, "name": name, "background_saves": "off", "kills": landed, "verdict": verdict,
+                "ok": verdict == "bit-identical", "attacks": [o.attack for o in invocations],
+                "statuses": [o.status for o in invocations], "resumed_from": [o.resumed_step() for o in invocations],
+                "problems": problems + differs, "dir": str(out.parent)}
 
     def kill_trial(self, i: int) -> dict[str, Any]:
         rng = self.rng("kill", i)
@@ -529,6 +629,9 @@ class Campaign:
         if not finished:
             verdict = "crashed"
         else:
+            behind = latest_behind(out)
+            if behind:
+                problems.append(behind)
             differs = self.references["on" if mode == "on" else "off"].differences(out)
             problems += differs
             verdict = "differing" if differs else ("bit-identical" if not problems else "broke a promise")
@@ -934,7 +1037,101 @@ def corruptions(c: Campaign) -> None:
                         "status": result.status, "resumed_from": resumed, "inspect_verify": verify,
                         "problems": problems, "dir": str(run.parent)})
         print(f"  corruption {i + 1:2d}: {verdict:<9} {name} ({what})", flush=True)
+    for case in tool_cases(c):  # what the tools read: an adapter file to merge, a checkpoint to export
+        records.append(case(c, len(records)))
+        r = records[-1]
+        print(f"  corruption {len(records):2d}: {r['verdict']:<9} {r['case']} ({r['damage']})", flush=True)
     c.results["corruptions"] = records
+
+
+def tool_cases(c: Campaign) -> list[Callable[[Campaign, int], dict[str, Any]]]:
+    """The merge of a damaged adapter file; the export of a damaged checkpoint, named and as a run's newest."""
+    return [damaged_adapter_file] if c.smoke else [damaged_adapter_file, damaged_export]
+
+
+def run_tool(main: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str, str]:
+    """A tool's main() in this process: (status, stdout, stderr); an escaping exception is status -1."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(file=err)
+            status = -1
+    return status, out.getvalue(), err.getvalue()
+
+
+def tool_record(name: str, what: str, problems: list[str], folder: Path, status: int) -> dict[str, Any]:
+    return {"case": name, "damage": what, "verdict": "detected" if not problems else "missed", "ok": not problems,
+            "status": status, "resumed_from": None, "inspect_verify": [], "problems": problems, "dir": str(folder),
+            "tool": True}
+
+
+def damaged_adapter_file(c: Campaign, i: int) -> dict[str, Any]:
+    """An adapter file with a flipped byte in tensor data: indextts-merge-lora must refuse it (exit 2, naming the
+    file), write nothing, and merge the intact file."""
+    from trainers.checkpoint import adapter_file
+    from trainers.files import file_sha256
+    from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
+    from trainers.model.lora import LoraSettings, add_adapters, adapter_state_dict
+    from trainers.model.lora_file import AdapterFile
+    from trainers.tools.merge_lora import main as merge_main
+
+    rng = c.rng("adapter file", i)
+    folder = c.work / "corruptions" / f"case{i:02d}"
+    folder.mkdir(parents=True)
+    base = Path(c.assets[c.assets.index("--base-checkpoint") + 1])
+    gpt = yaml.safe_load((REPO / "checkpoints" / "demo.yaml").read_text(encoding="utf-8"))["gpt"]
+    model = UnifiedVoiceGPT(GPTConfig.from_yaml_section(gpt))
+    settings = LoraSettings(rank=4, alpha=8.0)
+    add_adapters(model, settings, seed=rng.randrange(2**31))
+    adapters = {k: v.detach() + (0.01 if k.endswith(".lora_b") else 0.0) for k, v in adapter_state_dict(model).items()}
+    path = folder / "voice.lora.pth"
+    adapter_file.write(AdapterFile(settings, str(base), file_sha256(base), adapters), path)
+    problems = []
+    status, _, err = run_tool(merge_main, ["--adapter", str(path), "--base", str(base), "--out", str(folder / "ok.pth")])
+    if status != 0:
+        problems.append(f"the intact adapter file did not merge: status {status}: {gist(err)}")
+    what = damage_tensor_byte(path, rng)
+    status, _, err = run_tool(merge_main, ["--adapter", str(path), "--base", str(base), "--out", str(folder / "m.pth")])
+    if status != 2 or "damaged adapter file" not in err or str(path) not in err:
+        problems.append(f"the merge of the damaged file exited {status}: {gist(err) if err else '(no message)'}")
+    if (folder / "m.pth").exists() or "Traceback" in err:
+        problems.append("the refused merge wrote its --out" if (folder / "m.pth").exists() else "a traceback")
+    return tool_record("adapter file merged", what, problems, folder, status)
+
+
+def damaged_export(c: Campaign, i: int) -> dict[str, Any]:
+    """The newest checkpoint damaged: exporting it by name is refused (exit 2, naming it); exporting the run directory
+    exports the newest intact one, as --resume auto would continue it, and says so; the run directory is unchanged."""
+    from tests.demo_runs import full_config
+    from trainers.tools.export_checkpoint import main as export_main
+
+    rng = c.rng("export", i)
+    folder = c.work / "corruptions" / f"case{i:02d}"
+    run = copy_run(c.references["off"].run, folder / "run")
+    config = full_config(folder / "config.yaml")
+    last, prev = c.plan.steps, c.plan.saves()[-2]
+    newest = run / f"model_step{last}.pth"
+    what = damage_tensor_byte(newest, rng)
+    before = snapshot(run)
+    problems = []
+    status, _, err = run_tool(export_main, [str(newest), "--out", str(folder / "named"), "--config", str(config)])
+    if status != 2 or str(newest) not in err or "does not match the checksums" not in err:
+        problems.append(f"exporting the damaged {newest.name} exited {status}: {gist(err) if err else '(no message)'}")
+    if (folder / "named").exists():
+        problems.append("the refused export created its --out")
+    status, out, err = run_tool(export_main, [str(run), "--out", str(folder / "dir"), "--config", str(config)])
+    record = folder / "dir" / "export.json"
+    step = json.loads(record.read_text(encoding="utf-8"))["step"] if record.is_file() else None
+    if status != 0 or step != prev or f"exported model_step{prev}.pth, the newest intact checkpoint" not in out:
+        problems.append(f"exporting the run directory exited {status} with step {step}, expected model_step{prev}: "
+                        f"{gist(err + out)}")
+    if snapshot(run) != before:
+        problems.append("the export changed the run directory")
+    return tool_record("checkpoint exported", what, problems, folder, status)
 
 
 # ------------------------------------------------------------------------------------- part 3: bad inputs
@@ -1322,7 +1519,61 @@ def run_dir_cases() -> list[InputCase]:
         r("--additional-epochs with --max-steps", lambda e: resume_args(e, "--additional-epochs", "1",
                                                                        "--max-steps", "80"),
           ("--additional-epochs",), True),
+        r("samples is a regular file (--sample-interval)", samples_a_file, ("samples",), False),
     ]
+
+
+def samples_a_file(e: CaseEnv) -> list[str]:
+    """A user's file named `samples` in the run directory: the sample sets cannot go there, refused at start-up."""
+    e.out.mkdir(parents=True)
+    (e.out / "samples").write_text("my notes\n", encoding="utf-8")
+    return e.argv("--sample-interval", "1")
+
+
+# Sample sets that cannot be written mid-run: a warning naming the file and the cause, and the run trains on and
+# saves its checkpoints (a listening aid is not worth a checkpoint). (name, what is put under RUN/samples)
+SAMPLE_WRITE_FAILURES = ("a directory where a sample set goes", "a full disk under samples/")
+
+
+def sample_write_failure(c: Campaign, name: str, i: int) -> dict[str, Any] | None:
+    """One of SAMPLE_WRITE_FAILURES on a short run with --sample-interval 1; None when it cannot be set up here (a
+    tmpfs needs root)."""
+    folder = c.work / "inputs" / f"case{i:02d}"
+    out = folder / "run"
+    (out / "samples").mkdir(parents=True)
+    mounted = False
+    if name.startswith("a directory"):
+        (out / "samples" / "step_00000002.npz").mkdir()
+    else:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(out / "samples")],
+                                 capture_output=True).returncode == 0
+        if not mounted:
+            shutil.rmtree(folder)
+            return None
+        with open(out / "samples" / "filler", "wb", buffering=0) as f:  # a user's file fills the disk
+            with contextlib.suppress(OSError):
+                while f.write(b"x" * 4096):
+                    pass
+    case = InputCase(name, "run directory", lambda e: [], ("could not write the sample set",))
+    env = CaseEnv(folder, dict(zip(c.assets[1::2], map(Path, c.assets[2::2]))), c.references["off"].run, out=out)
+    try:
+        result = run_in_process(["--output-dir", str(out), *env.argv("--sample-interval", "1")])
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(out / "samples")], check=False)
+    saved = final_checkpoint(out)
+    step = load(saved)["progress"]["step"] if saved.is_file() else None
+    problems = []
+    if "Traceback" in result.stderr or result.status != 0:
+        problems.append(f"status {result.status}: {result.gist()}")
+    if not any("could not write the sample set of step" in w and "samples" in w for w in result.warnings()):
+        problems.append("no WARNING names the sample set that could not be written")
+    if step != 2 or latest_behind(out):
+        problems.append(f"the final checkpoint holds step {step}, expected 2; {latest_behind(out) or ''}")
+    rec = record_input(case, result, "warned, trained on and saved" if not problems else "failed", not problems,
+                       None, None, folder)
+    rec["problems"] = problems
+    return rec
 
 
 def all_input_cases(quick: bool, smoke: bool = False) -> list[InputCase]:
@@ -1330,7 +1581,7 @@ def all_input_cases(quick: bool, smoke: bool = False) -> list[InputCase]:
              *run_dir_cases()]
     if quick:
         keep = {"negative learning rate", "unknown flag", "bad JSON on line 3", "config not YAML",
-                "tokenizer that is a text file", "resume with another seed"}
+                "tokenizer that is a text file", "resume with another seed", "samples is a regular file (--sample-interval)"}
         cases = [case for case in cases if case.name in keep]
     if smoke:
         cases = [case for case in cases if case.name in SMOKE_INPUTS]
@@ -1380,6 +1631,13 @@ def bad_inputs(c: Campaign) -> None:
     records.append(two_trainers(c, len(cases)))
     r = records[-1]
     print(f"  input {len(cases) + 1:3d}: {input_label(r):<26} {r['group']}: {r['case']}", flush=True)
+    for name in () if c.smoke else SAMPLE_WRITE_FAILURES:
+        rec = sample_write_failure(c, name, len(records))
+        if rec is None:
+            c.notes.append(f"not run: {name} (mounting a tmpfs needs root)")
+            continue
+        records.append(rec)
+        print(f"  input {len(records):3d}: {input_label(rec):<26} {rec['group']}: {name}", flush=True)
     c.results["inputs"] = records
 
 
@@ -1481,6 +1739,8 @@ def signal_label(r: dict[str, Any]) -> str:
 def corruption_label(r: dict[str, Any]) -> str:
     if not r["ok"]:
         return "failed"
+    if r.get("tool"):
+        return "caught by merge/export"
     if r["verdict"] == "harmless":
         return "harmless"
     if r["status"] != 0:
@@ -1492,6 +1752,8 @@ def input_label(r: dict[str, Any]) -> str:
     """A clear error (at start-up, or at a feature file's first read) keeps the promise; an unclear one, or one
     that changed the output directory, is "other"."""
     if r["ok"]:
+        if r["category"].startswith("warned"):
+            return "warned, trained on"
         return "clear error after start-up" if r["category"].startswith("clear error after") else "clear error"
     if r["category"].startswith(("traceback", "accepted silently")):
         return r["category"].split(" (", 1)[0]
@@ -1523,14 +1785,16 @@ def summarize(c: Campaign) -> list[Row]:
         verifiable = [r for r in rs if r["inspect_verify"] and r["verdict"] != "harmless"]
         detected = sum(all(s == 1 for s in r["inspect_verify"]) for r in verifiable)
         breakdown = _count([corruption_label(r) for r in rs],
-                           ["fell back, ended bit-identical", "refused cleanly", "harmless", "failed"])
+                           ["fell back, ended bit-identical", "refused cleanly", "caught by merge/export", "harmless",
+                            "failed"])
         note = f"damage detected by inspect_checkpoint --verify {detected}/{len(verifiable)}"
         rows.append(Row("corruptions", len(rs), sum(r["ok"] for r in rs), breakdown, note))
     if "inputs" in c.results:
         rs = c.results["inputs"]
         rows.append(Row("inputs", len(rs), sum(r["ok"] for r in rs), _count(
             [input_label(r) for r in rs],
-            ["clear error", "clear error after start-up", "traceback", "accepted silently", "other"])))
+            ["clear error", "clear error after start-up", "warned, trained on", "traceback", "accepted silently",
+             "other"])))
     return rows
 
 
@@ -1564,7 +1828,8 @@ def failures(c: Campaign) -> list[tuple[str, str]]:
             found.append((f"references: {r['name']}", one_line(reason(r["problems"]))))
     for r in c.results.get("kills", []):
         if not r["ok"]:
-            found.append((f"kills/trial{r['trial']:02d} (background saves {r['background_saves']}; "
+            found.append((f"kills/trial{r['trial']:02d}{' ' + r['name'] if r.get('name') else ''} (background "
+                          f"saves {r['background_saves']}; "
                           f"{' -> '.join(r['attacks'])})", one_line(f"{r['verdict']}: {reason(r['problems'])}")))
     for r in c.results.get("signals", []):
         if not r["ok"]:

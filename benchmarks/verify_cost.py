@@ -24,6 +24,8 @@ What it does:
    schema's checks and the checksums: what resume does now). The file was just written, so
    both read from the page cache: the difference is the verification's CPU time; a cold read
    from disk makes the load slower and the verification's share smaller.
+   It also times the mapped read export uses (`schema.read(mmap=True)`: the tensors are mapped, not read) with
+   and without verification: what verifying adds to an export.
 5. Prints every figure, the medians, the machine, the hash's speed on one core, the load
    average before and after, and deletes everything it wrote. Exit 0, or 2 when it could not run.
 
@@ -172,11 +174,14 @@ def run(args: argparse.Namespace) -> None:
         sections = {}  # freed: the loads below hold one copy at a time
         path = work / "latest.pth"
         size = path.stat().st_size
-        loads, reads = [], []
+        loads, reads, maps, mapped_reads = [], [], [], []
         for i in range(args.repeats):
             loads.append(timed(partial(load_checkpoint, path)))
             reads.append(timed(partial(schema.read, path)))
-            print(f"  round {i + 1}: load {loads[-1]:.2f} s, load + verify {reads[-1]:.2f} s", flush=True)
+            maps.append(timed(partial(schema.read, path, mmap=True, verify=False)))
+            mapped_reads.append(timed(partial(schema.read, path, mmap=True, verify=True)))
+            print(f"  round {i + 1}: load {loads[-1]:.2f} s, load + verify {reads[-1]:.2f} s; mapped {maps[-1]:.2f} s, "
+                  f"mapped + verify {mapped_reads[-1]:.2f} s", flush=True)
         assert schema.read(path).verified
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -190,6 +195,9 @@ def run(args: argparse.Namespace) -> None:
     print(f"load + verify (schema.read): {fmt(reads)} s; median {med(reads):.2f} s")
     extra = med(reads) - med(loads)
     print(f"verification adds {extra:.2f} s to a warm-cache load (+{100 * extra / med(loads):.0f}%)")
+    print(f"mapped read (schema.read mmap, what export did): {fmt(maps)} s; median {med(maps):.2f} s")
+    print(f"mapped read + verify (what export does): {fmt(mapped_reads)} s; median {med(mapped_reads):.2f} s; "
+          f"export's verification adds {med(mapped_reads) - med(maps):.2f} s")
     print(f"after: {load_average()}")
 
 

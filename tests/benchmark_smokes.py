@@ -89,7 +89,9 @@ SMOKES: dict[str, Smoke] = {
         rf"^checksums at save \(integrity\.compute\): {NUMS} s; median {NUM} s = \d+% of the save",
         rf"^load alone \(torch\.load weights_only\): {NUMS} s; median {NUM} s",
         rf"^load \+ verify \(schema\.read\): {NUMS} s; median {NUM} s",
-        rf"^verification adds {NUM} s to a warm-cache load"), 4),
+        rf"^verification adds {NUM} s to a warm-cache load",
+        rf"^mapped read \+ verify \(what export does\): {NUMS} s; median {NUM} s; export's verification adds {NUM} s"),
+        4),
     "throughput.py": Smoke(("--smoke",), (
         rf"^\| old \| {NUM} \| [\d,]+ \| {NUMS} \|$",
         rf"^\| new \| {NUM} \| [\d,]+ \| {NUMS} \|$",
@@ -135,9 +137,9 @@ SMOKES: dict[str, Smoke] = {
         r"resumed bit-identically \d+, differed \d+, failed \d+$",
         r"^signals +\d+ +\d+  stopped mid-run, resumed bit-identically \d+, .* differed \d+, failed \d+$",
         r"^corruptions +\d+ +\d+  damage detected by inspect_checkpoint --verify \d+/\d+; fell back, ended "
-        r"bit-identical \d+, refused cleanly \d+, harmless \d+, failed \d+$",
-        r"^inputs +\d+ +\d+  clear error \d+, clear error after start-up \d+, traceback \d+, accepted silently \d+, "
-        r"other \d+$",
+        r"bit-identical \d+, refused cleanly \d+, caught by merge/export \d+, harmless \d+, failed \d+$",
+        r"^inputs +\d+ +\d+  clear error \d+, clear error after start-up \d+, warned, trained on \d+, traceback \d+, "
+        r"accepted silently \d+, other \d+$",
         r"^all +(\d+) +\1$",
         r"^every trial kept its promise$"), 31),
     # Its detailed checks are in tests/test_gpu_acceptance.py, on the same run's JSON report and results folder.

@@ -2,7 +2,9 @@
 and that a resume respects the stop or extends it."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,19 @@ def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identica
     assert (out / "best.pth").exists() and schema.read(out / "best.pth").step == 3
 
 
+def test_a_kill_between_the_stopping_saves_rename_and_link_is_repaired_by_the_resume(stopped, demo_assets, tmp_path):
+    out = tmp_path / "run"
+    killed = train(out, *demo_assets, *PLAN, kill_at="save:9:renamed")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert final_state(out).step == 6  # model_step9.pth is complete, latest.pth still names the save before it
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "nothing to do: the run stopped early at step 9" in resumed.stderr
+    assert "latest.pth named model_step6.pth, behind model_step9.pth" in resumed.stderr
+    assert os.path.samefile(out / "latest.pth", out / "model_step9.pth")
+    assert_equal_nested(final_state(out).model, final_state(stopped).model, "model")
+
+
 def test_a_resume_respects_the_stop_and_a_larger_patience_extends_it(stopped, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(stopped, out)
@@ -58,6 +73,22 @@ def test_a_resume_respects_the_stop_and_a_larger_patience_extends_it(stopped, tm
     longer = train_here(out, "--resume", "auto", "--early-stop-patience", "3")
     assert longer.returncode == 0, longer.stderr
     assert final_state(out).step == 12  # one more validation without a new best
+
+
+def test_a_larger_patience_killed_before_its_first_save_is_continued_by_resume_auto_alone(stopped, tmp_path):
+    reference = tmp_path / "reference"
+    shutil.copytree(stopped, reference)
+    assert train_here(reference, "--resume", "auto", "--early-stop-patience", "3").returncode == 0
+    out = tmp_path / "run"
+    shutil.copytree(stopped, out)
+    killed = train(out, "--resume", "auto", "--early-stop-patience", "3", kill_at="micro:11:0")
+    assert killed.returncode == -signal.SIGKILL and final_state(out).step == 9
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "early_stop_patience 2 -> 3" in resumed.stderr and "nothing to do" not in resumed.stderr
+    ours, theirs = final_state(out), final_state(reference)
+    assert ours.step == theirs.step == 12
+    assert_equal_nested(ours.model, theirs.model, "model")
 
 
 def test_a_resume_with_another_best_metric_counts_from_zero(stopped, tmp_path):

@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from tests.demo_runs import REPO, full_config, train_here
+from tests.test_checkpoint_integrity import copy_run, flip_model_byte
 from trainers.checkpoint import schema
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.errors import UserError
@@ -297,6 +298,26 @@ def test_which_step_and_best(run: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert json.loads((tmp_path / "b" / "export.json").read_text())["step"] == schema.read(run / "best.pth").step
     # A checkpoint file works directly (its run directory supplies config.yaml).
     assert main([str(run / "model_step4.pth"), "--out", str(tmp_path / "f")]) == 0
+
+
+def test_a_damaged_checkpoint_is_refused_and_a_run_directory_exports_its_newest_intact_one(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+    """The export verifies the checksums: a damaged file named is refused (exit 2, the file and the tensor); a run
+    directory exports the checkpoint --resume auto would continue, past a damaged latest.pth, and says so."""
+    damaged = copy_run(run, tmp_path / "damaged")
+    key = flip_model_byte(damaged / "model_step6.pth")  # latest.pth is the same file
+    refused(capsys, [str(damaged / "model_step6.pth"), "--out", str(tmp_path / "a")],
+            str(damaged / "model_step6.pth"), f"tensor model/{key} differs from what was written", "--which STEP")
+    assert not (tmp_path / "a").exists()
+    before = {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()}
+    assert main([str(damaged), "--out", str(tmp_path / "b")]) == 0
+    said = capsys.readouterr().out
+    assert "note: latest.pth (= model_step6.pth) is damaged (corrupt: " in said, said
+    assert "exported model_step4.pth, the newest intact checkpoint, which --resume auto would continue" in said
+    assert json.loads((tmp_path / "b" / "export.json").read_text())["step"] == 4
+    step4 = schema.read(run / "model_step4.pth")
+    assert all(torch.equal(v, step4.model[k]) for k, v in load_export(tmp_path / "b").items())
+    assert {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()} == before  # nothing renamed or changed
 
 
 # ---------------------------------------------------------------- refusals

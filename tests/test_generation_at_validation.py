@@ -2,6 +2,8 @@
 training ends bit-identical with and without it, and a SIGKILL mid-generation resumes bit-identically."""
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,58 @@ def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(r
     ours, theirs = read_step(out, 6), read_step(runs["on"], 6)
     assert ours.ids == theirs.ids and all(map(torch.equal, map(torch.from_numpy, ours.codes),
                                               map(torch.from_numpy, theirs.codes)))
+
+
+def test_a_set_that_cannot_be_written_is_warned_about_and_the_run_saves_its_checkpoints(runs, demo_assets, tmp_path):
+    """A directory where step 6's set goes: the final validation's set fails to write (a real OSError in the atomic
+    write), after best.pth and before the final checkpoint. The run says which file and why, and trains and saves on."""
+    out = tmp_path / "run"
+    killed = train(out, *demo_assets, *FLAGS, *SAMPLING, kill_at="step:3")
+    assert killed.returncode != 0 and final_state(out).step == 3
+    (out / "samples" / "step_00000006.npz").mkdir()
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert "WARNING could not write the sample set of step 6, " + str(out / "samples" / "step_00000006.npz") \
+        in resumed.stderr and "Is a directory" in resumed.stderr
+    assert os.path.samefile(out / "latest.pth", out / "model_step6.pth")
+    assert_same_weights(out, runs["on"])
+    assert sorted(list_sets(out)) == [0, 3] and not [p for p in (out / "samples").iterdir() if p.name.startswith(".")]
+
+
+def test_a_full_disk_under_samples_is_warned_about_and_the_run_saves_its_checkpoints(runs, demo_assets, tmp_path):
+    """The same with a real full disk: a 64 KiB tmpfs mounted on samples/ and filled (root only)."""
+    out = tmp_path / "run"
+    (out / "samples").mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(out / "samples")],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        with open(out / "samples" / "filler", "wb", buffering=0) as f:  # a user's file fills the disk
+            try:
+                while f.write(b"x" * 4096):
+                    pass
+            except OSError:
+                pass
+        done = train_here(out, *demo_assets, *FLAGS, *SAMPLING)
+        assert done.returncode == 0, done.stderr
+        assert "could not write the sample set of step 0" in done.stderr and "No space left on device" in done.stderr
+        assert os.path.samefile(out / "latest.pth", out / "model_step6.pth")
+        assert_same_weights(out, runs["on"])
+        assert [p.name for p in (out / "samples").iterdir()] == ["filler"]
+    finally:
+        subprocess.run(["umount", str(out / "samples")], check=True)
+
+
+def test_a_samples_path_that_is_not_a_directory_is_refused_at_start_up(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "samples").write_text("my notes\n")
+    refused = train_here(out, *demo_assets, *FLAGS, *SAMPLING)
+    assert refused.returncode == 2, refused.stderr
+    assert f"{out / 'samples'} is not a directory" in refused.stderr and "nothing was trained" in refused.stderr
+    assert sorted(p.name for p in out.iterdir() if p.name != ".trainer.lock") == ["samples"]  # nothing else written
+    assert (out / "samples").read_text() == "my notes\n"
 
 
 def test_under_torchrun_both_processes_get_every_code_and_stop_early_alike(demo_assets, tmp_path):

@@ -3,6 +3,7 @@ model's logits), --adapter-only as an adapter file that indextts-merge-lora fold
 changed base refused by name."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,10 @@ import torch
 import yaml
 
 from tests.demo_runs import full_config, train_here
+from tests.test_checkpoint_integrity import copy_run, data_records, flip_byte, flip_model_byte
 from tests.test_gpt_model import make_batch
 from trainers.checkpoint import schema
+from trainers.checkpoint.lora_export import adapter_file_of
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.lora import LoraSettings, add_adapters
 from trainers.model.weights import read_state_dict, split_state_dict
@@ -71,8 +74,49 @@ def test_adapter_only_writes_an_adapter_file_that_merges_into_the_same_model(lor
     full = tmp_path / "full"
     assert export_main([str(lora_run), "--out", str(full)]) == 0
     exported = torch.load(full / "gpt.pth", weights_only=True)["model"]
-    folded, _, _ = split_state_dict(torch.load(merged, weights_only=True)["model"])
+    folded = torch.load(merged, weights_only=True)["model"]
+    assert {"gpt.wte.weight", "inference_model.lm_head.weight"} <= set(read_state_dict(Path(ckpt.lora["base"])))
+    assert folded.keys() == exported.keys()  # the same tensors: none that upstream's strict load does not expect
     assert all(torch.equal(exported[k], v) for k, v in folded.items())
+
+
+def test_a_damaged_adapter_file_is_refused_by_the_merge_naming_the_file_and_tensor(lora_run, tmp_path, capsys):
+    """Adapter files carry checksums as checkpoints do: a flipped byte in an exported adapter file is refused."""
+    out = tmp_path / "adapter"
+    assert export_main([str(lora_run), "--out", str(out), "--adapter-only"]) == 0
+    adapter = out / "lora_adapter.pth"
+    offset, size = data_records(adapter)[0]  # the largest tensor's bytes
+    flip_byte(adapter, offset + size // 2)
+    merged = tmp_path / "merged.pth"
+    base = schema.read(lora_run / "latest.pth").lora["base"]
+    assert merge_main(["--adapter", str(adapter), "--base", base, "--out", str(merged)]) == 2
+    err = capsys.readouterr().err
+    assert f"--adapter {adapter}: damaged adapter file" in err and "differs from what was written" in err, err
+    assert "tensor adapters/" in err or "tensor replaced/" in err
+    assert "Traceback" not in err and not merged.exists()
+
+
+def test_an_adapter_file_from_before_checksums_merges_with_a_warning(lora_run, tmp_path, capsys):
+    ckpt = schema.read(lora_run / "latest.pth")
+    old = tmp_path / "old.lora.pth"
+    torch.save(adapter_file_of(ckpt).to_dict(), old)  # what exports wrote before adapter files carried checksums
+    merged = tmp_path / "merged.pth"
+    assert merge_main(["--adapter", str(old), "--base", ckpt.lora["base"], "--out", str(merged)]) == 0
+    assert f"warning: --adapter {old} was written before adapter files carried checksums" in capsys.readouterr().err
+    assert merged.is_file()
+
+
+@pytest.mark.parametrize("adapter_only", [False, True], ids=["merged", "adapter_only"])
+def test_a_damaged_lora_checkpoint_is_refused_and_a_run_directory_exports_its_newest_intact_one(
+        lora_run, tmp_path, capsys, adapter_only):
+    damaged = copy_run(lora_run, tmp_path / "run")
+    flip_model_byte(damaged / "model_step6.pth")  # latest.pth is the same file
+    only = ["--adapter-only"] if adapter_only else []
+    assert export_main([str(damaged / "latest.pth"), "--out", str(tmp_path / "a"), *only]) == 2
+    assert "does not match the checksums" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert export_main([str(damaged), "--out", str(tmp_path / "b"), *only]) == 0
+    assert "exported model_step3.pth, the newest intact checkpoint" in capsys.readouterr().out
+    assert json.loads((tmp_path / "b" / "export.json").read_text())["step"] == 3
 
 
 def test_a_changed_base_is_refused_by_name_and_nothing_written(lora_run, tmp_path, capsys):

@@ -127,19 +127,18 @@ def test_a_changed_base_is_refused_by_name(demo_assets, lora_reference, tmp_path
     assert {p.name: p.read_bytes() for p in out.glob("*.pth")} == before  # nothing on disk changed
 
 
-def test_a_rank_change_is_refused_unless_allowed(demo_assets, lora_reference, tmp_path):
+@pytest.mark.parametrize("rank", ["8", "0"])
+def test_a_rank_change_is_refused_even_when_allowed(demo_assets, lora_reference, tmp_path, rank):
+    """Adapters of another rank do not fit, and a LoRA checkpoint holds no whole model to fine-tune: the refusal
+    names --lora-rank, with --allow-config-change too (which cannot make the checkpoint hold other tensors)."""
     out = tmp_path / "run"
     shutil.copytree(lora_reference, out)
-    refused = train_here(out, "--resume", "auto", "--lora-rank", "8", "--max-steps", str(STEPS + 2))
-    assert refused.returncode == 2, refused.stderr
-    assert "lora_rank: saved 4, now 8 (changes the result)" in refused.stderr
-    assert final_state(out).step == STEPS
-    # Allowed, the saved adapters (rank 4) do not fit rank-8 ones: refused by tensor name, nothing loaded.
-    allowed = train_here(out, "--resume", "auto", "--lora-rank", "8", "--allow-config-change",
-                         "--max-steps", str(STEPS + 2))
-    assert allowed.returncode == 2, allowed.stderr
-    assert "gpt.h.0.attn.c_attn.lora_a: checkpoint (64, 4), model (64, 8)" in allowed.stderr
-    assert final_state(out).step == STEPS
+    for allow in ([], ["--allow-config-change"]):
+        refused = train_here(out, "--resume", "auto", "--lora-rank", rank, *allow, "--max-steps", str(STEPS + 2))
+        assert refused.returncode == 2, refused.stderr
+        assert f"lora_rank: saved 4, now {rank} (changes the result)" in refused.stderr
+        assert "pass --lora-rank 4 (the run's own" in refused.stderr and "missing:" not in refused.stderr
+        assert final_state(out).step == STEPS
 
 
 def test_a_full_fine_tuning_checkpoint_is_unchanged_by_lora(demo_assets, tmp_path):
@@ -170,6 +169,11 @@ def test_the_base_is_found_again_through_data_root_after_a_move(demo_assets, tmp
     lost = train_here(out, "--resume", "auto", "--max-steps", "4")  # without --data-root: named, not assumed carried
     assert lost.returncode == 2, lost.stderr
     assert f"--base-checkpoint {old / 'base_gpt.pth'}" in lost.stderr and "not needed" not in lost.stderr
+    # --lora-rank 0 takes no fingerprint of the base: the refusal names the setting, not the (unchanged) moved file.
+    as_full = train_here(out, "--resume", "auto", "--data-root", f"{old}={new}", "--lora-rank", "0", "--max-steps", "4")
+    assert as_full.returncode == 2, as_full.stderr
+    assert "lora_rank: saved 4, now 0" in as_full.stderr and "pass --lora-rank 4" in as_full.stderr
+    assert "fingerprint differs" not in as_full.stderr
     resumed = train_here(out, "--resume", "auto", "--data-root", f"{old}={new}", "--max-steps", "4")
     assert resumed.returncode == 0, resumed.stderr
     assert f"input moved: --base-checkpoint {old / 'base_gpt.pth'} -> {new / 'base_gpt.pth'}" in resumed.stderr

@@ -11,6 +11,7 @@ from tests.test_gpt_model import make_batch, randomized_model
 from trainers.files import file_sha256
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.lora import LoraSettings, add_adapters, adapter_state_dict
+from trainers.checkpoint import adapter_file
 from trainers.model.lora_file import AdapterFile
 from trainers.tools.merge_lora import main
 
@@ -36,7 +37,7 @@ def trained_run(tmp_path, wrapped: bool = True):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
     replaced = {k: model.state_dict()[k].clone() for k in TEXT_ROWS}
     adapter = tmp_path / "voice.lora.pth"
-    AdapterFile(SETTINGS, str(base), file_sha256(base), adapter_state_dict(model), replaced).save(adapter)
+    adapter_file.write(AdapterFile(SETTINGS, str(base), file_sha256(base), adapter_state_dict(model), replaced), adapter)
     return model.eval(), base, adapter
 
 

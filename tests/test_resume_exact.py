@@ -18,6 +18,7 @@ import torch
 
 from tests.demo_runs import (assert_close_weights, assert_same_training, final_state, subprocess_env, train, train_here,
                              train_scalars)
+from tests.test_best_checkpoint import FLAGS as BEST_FLAGS, OVERSHOOTING
 from tests.trainer_process import TrainerProcess
 from trainers.run.lock import LOCK_NAME
 
@@ -76,6 +77,24 @@ def assert_killed_write_never_became_latest(out: Path) -> None:
     assert not (out / "model_step18.pth").exists()
     assert any(p.name.startswith(".model_step18.pth.tmp") for p in out.iterdir())  # the partial file
     assert (out / "model_step6.pth").exists() and (out / "model_step12.pth").exists()
+
+
+def test_a_kill_between_the_final_saves_rename_and_link_is_repaired_by_the_resume(demo_assets, tmp_path):
+    """Killed after the last model_step file is in place, before latest.pth names it: the resume has nothing to
+    train, and still leaves latest.pth naming the newest checkpoint, for every tool that reads it. (The overshooting
+    rate keeps best.pth at step 3, so the kill lands in the final model_step12.pth save, not in a best.pth save.)"""
+    out = tmp_path / "run"
+    plan = [*BEST_FLAGS, *OVERSHOOTING, "--max-steps", "12"]
+    killed = train(out, *demo_assets, *plan, kill_at="save:12:renamed")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert (out / "model_step12.pth").is_file() and final_state(out).step == 9
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "nothing to do: the run is already at step 12" in resumed.stderr
+    assert "latest.pth named model_step9.pth, behind model_step12.pth" in resumed.stderr
+    assert os.path.samefile(out / "latest.pth", out / "model_step12.pth") and final_state(out).step == 12
+    again = train_here(out, "--resume", "auto")  # a healthy directory: nothing to repair, nothing said
+    assert again.returncode == 0 and "behind" not in again.stderr
 
 
 def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(demo_assets, reference, tmp_path):

@@ -1,11 +1,15 @@
-"""Changing a run's plan on resume: more epochs, a scaled learning rate, another number of training samples."""
+"""Changing a run's plan on resume: more epochs, a scaled learning rate, another number of training samples; a
+change killed before the continuation's first save is continued by `--resume auto` alone."""
 from __future__ import annotations
 
+import json
+import signal
 from pathlib import Path
 
 import pytest
 
-from tests.demo_runs import final_state, train_here
+from tests.demo_runs import assert_same_training, final_state, train, train_here
+from tests.test_checkpoint_integrity import copy_run
 
 FLAGS = ["--batch-size", "16", "--val-interval", "0", "--max-val-batches", "1", "--save-interval", "100",
          "--log-interval", "100", "--log-sample-ids", "--lr-decay-steps", "40"]
@@ -61,3 +65,45 @@ def test_a_training_subset_change_takes_effect_at_the_next_epoch(demo_assets, tm
     assert [len(ids) for _, epoch, ids in rows if epoch == 1] == [16] * 12 + [8]
     too_many = train_here(tmp_path / "x", *FLAGS, *demo_assets, "--train-samples", "385")
     assert too_many.returncode == 2 and "hold 384 samples" in too_many.stderr
+
+
+# The issue's plan: a finished 12-step run trained on to step 20 with a re-warm.
+FINISHED = ["--max-steps", "12", "--save-interval", "4", "--keep-checkpoints", "2", "--val-interval", "4",
+            "--batch-size", "8", "--log-sample-ids", "--log-interval", "4"]
+LONGER = ["--max-steps", "20", "--rewarm", "--rewarm-steps", "4"]
+
+
+@pytest.mark.parametrize("kill_at", ["setup", "micro:14:1"])
+def test_a_plan_change_killed_before_its_first_save_is_continued_by_resume_auto_alone(demo_assets, tmp_path, kill_at):
+    """The new end and the re-warm are durable once the command is accepted (run_config.json's plan record, before
+    the first step): killed before the continuation saved anything, `--resume auto` alone trains the continuation,
+    bit-identically, instead of saying "nothing to do" at the old end."""
+    finished = tmp_path / "finished"
+    assert train_here(finished, *demo_assets, *FINISHED).returncode == 0
+    reference = copy_run(finished, tmp_path / "reference")
+    done = train_here(reference, "--resume", "auto", *LONGER)
+    assert done.returncode == 0, done.stderr
+    out = copy_run(finished, tmp_path / "run")
+    killed = train(out, "--resume", "auto", *LONGER, kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert final_state(out).step == 12 and not (out / "model_step16.pth").exists()  # no save of the continuation
+    resumed = train_here(out, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "continuing the plan the last start accepted for latest.pth" in resumed.stderr
+    assert "max_steps 12 -> 20; learning rate from step 12 a re-warm" in resumed.stderr
+    assert_same_training(reference, out, 20)
+
+
+def test_a_plan_record_that_fails_its_checksum_is_refused(demo_assets, tmp_path):
+    out = tmp_path / "run"
+    assert train_here(out, *demo_assets, *FINISHED).returncode == 0
+    stopped = train_here(out, "--resume", "auto", *LONGER, kill_at="SIGTERM@setup")  # accepted, then stopped
+    assert stopped.returncode == 143, stopped.stderr
+    record = json.loads((out / "run_config.json").read_text())
+    assert record["plan"]["continues"]["step"] == 12 and record["config"]["max_steps"] == 20
+    record["config"]["max_steps"] = 40  # edited by hand, the sha256 left as it was
+    (out / "run_config.json").write_text(json.dumps(record))
+    refused = train_here(out, "--resume", "auto")
+    assert refused.returncode == 2, refused.stderr
+    assert f"{out / 'run_config.json'} does not match the sha256 written with it" in refused.stderr
+    assert final_state(out).step == 12

@@ -8,7 +8,8 @@ Set INDEXTTS_TRAIN_KILL_AT to one or more (comma-separated) of
   micro:STEP:J        after micro-batch J (0-based) of optimizer step STEP (1-based): mid accumulation
   step:STEP           after optimizer step STEP and any checkpoint it saves
   save:STEP:EVENT     during the checkpoint save of STEP, at a checkpoint file event
-                      (tmp_written, renamed or linked)
+                      (tmp_written, renamed or linked: model_step{STEP}.pth; best_tmp_written or
+                      best_renamed: best.pth, written at a validation before the step's own save)
   validation:STEP     when the validation after STEP optimizer steps begins
   generate:STEP:J     after batch J (0-based) of the samples generated at the validation of STEP
                       (--sample-interval), before their set is written

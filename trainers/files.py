@@ -39,7 +39,11 @@ def write_bytes_atomically(path: Path, data: bytes, on_written: Callable[[], Non
         raise
     if on_written is not None:
         on_written()
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # e.g. a directory where the file goes: nothing half-done is left either
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 

@@ -61,6 +61,13 @@ def problems(content: Mapping[str, Any], record: Any, workers: int | None = None
     return found
 
 
+def fields_digest(content: Mapping[str, Any]) -> str:
+    """One sha256 over the digests of every field (tensors left out, so nothing large is read): which state a
+    checkpoint holds, for a record that must name it (a step, its history, RNG and data position)."""
+    _, fields = _collect(content)
+    return _digest("".join(f"{name}={fields[name]};" for name in sorted(fields)).encode())
+
+
 def summary(found: list[str]) -> str:
     listed = "; ".join(found[:MAX_LISTED])
     more = f"; and {len(found) - MAX_LISTED} more" if len(found) > MAX_LISTED else ""

@@ -18,6 +18,10 @@ Finding the checkpoint only reads files (it runs before any model is built and b
 directory is locked); moving the damaged ones aside (`set_aside`) waits for the lock, so a resume that
 is refused later, or a second trainer, changes nothing. A checkpoint written in a format newer than
 this trainer reads is not damaged: the resume stops instead of falling back.
+
+`repair_latest` points a `latest.pth` left behind (a kill between a save's rename and its link) at the step
+file the resume chose, also when the run has nothing left to train; the tools find the same checkpoint with
+`newest_intact(..., mmap=True, quiet=True)` (trainers/tools/run_files.py) and move nothing.
 """
 from __future__ import annotations
 
@@ -40,6 +44,10 @@ ASIDE_SUFFIX = ".corrupt"
 class NoIntactCheckpoint(UserError):
     """Every checkpoint of the run directory is damaged (exit 2)."""
 
+    def __init__(self, message: str, tried: list[tuple[Path, str]]) -> None:
+        super().__init__(message)
+        self.tried = tried  # (file, why), newest first
+
 
 @dataclass(frozen=True)
 class Damaged:
@@ -55,11 +63,13 @@ class Found:
     damaged: list[tuple[Path, str]]  # newer files that failed, and why: for set_aside()
 
 
-def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
+def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, quiet: bool = False) -> Found | None:
     """The newest checkpoint of `run_dir` that reads and verifies (None: the run has none).
 
     `first` is the file `find_resume` chose, when the caller already asked. Each damaged file newer
-    than the one returned gets a WARNING saying which and why; nothing is renamed here.
+    than the one returned gets a WARNING saying which and why (not with `quiet`: a tool says it in its
+    own words, from `Found.damaged`); nothing is renamed here. `mmap`: tensors mapped, not read into
+    memory (the checksums still read every one), for a tool that reads the checkpoint it exports.
     """
     manager = CheckpointManager(run_dir, keep=0)
     first = first or manager.find_resume()
@@ -68,15 +78,16 @@ def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
     tried: list[tuple[Path, str]] = []
     for path in _candidates(manager, Path(first)):
         try:
-            ckpt = schema.read(path)
+            ckpt = schema.read(path, mmap=mmap, verify=True)
         except schema.UnknownFormat:
             raise
         except CheckpointError as exc:
-            log.warning("checkpoint %s in %s is damaged and cannot be resumed: %s", _described(manager, path),
-                        manager.run_dir, exc.reason)
+            if not quiet:
+                log.warning("checkpoint %s in %s is damaged and cannot be resumed: %s", _described(manager, path),
+                            manager.run_dir, exc.reason)
             tried.append((path, exc.reason))
             continue
-        if tried:
+        if tried and not quiet:
             log.warning("--resume auto: resuming from %s, the newest intact checkpoint, instead of the damaged %s; "
                         "the steps after it are trained again (with the same result)", path.name,
                         ", ".join(p.name for p, _ in tried))
@@ -85,7 +96,7 @@ def newest_intact(run_dir: Path, first: Path | None = None) -> Found | None:
              *[f"  {_described(manager, p)}: {reason}" for p, reason in tried],
              "Nothing was renamed or deleted. Put an intact copy (from a backup) into the run directory, pass "
              "--resume PATH of one, or start a new run with another --output-dir"]
-    raise NoIntactCheckpoint("\n".join(lines))
+    raise NoIntactCheckpoint("\n".join(lines), tried)
 
 
 def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
@@ -98,6 +109,11 @@ def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
             seen.add(ident)
             out.append(path)
     return out
+
+
+def described(run_dir: Path, path: Path) -> str:
+    """`latest.pth (= model_step40.pth)` for a name shared with a step file of `run_dir`, else the name."""
+    return _described(CheckpointManager(run_dir, keep=0), path)
 
 
 def _described(manager: CheckpointManager, path: Path) -> str:
@@ -145,6 +161,37 @@ def set_aside(run_dir: Path, damaged: list[tuple[Path, str]], intact: Path) -> l
                         "checkpoints named above out of the run directory yourself, then resume again") from None
     fsync_dir(manager.run_dir)
     return damaged
+
+
+def repair_latest(run_dir: Path, resumed: Path) -> None:
+    """Point latest.pth at `resumed`, the newest complete checkpoint `--resume auto` chose, where it names an
+    older one (a kill between a save's rename and its link) or none. Every reader of latest.pth (export, inspect,
+    the experiment API) then reads what a resume reads, also when the resume finds nothing left to train.
+    Call after every refusal, holding the run's lock; a `resumed` that is not a step file of `run_dir` is left."""
+    manager = CheckpointManager(run_dir, keep=0)
+    if resumed.parent.resolve() != manager.run_dir.resolve() or resumed.name not in [p.name for _, p in
+                                                                                   manager.step_files()]:
+        return
+    latest = manager.latest_path()
+    if file_identity(latest) == file_identity(resumed):
+        return
+    before = _described_latest(manager)
+    try:
+        manager.point_latest_at(resumed)
+    except OSError as err:
+        raise UserError(f"could not point {latest} at {resumed.name}, the newest complete checkpoint ({err}); fix the "
+                        "run directory's permissions or free disk space, then resume again (nothing was trained)"
+                        ) from None
+    log.info("%s %s, behind %s (a save stopped before its link): it now refers to %s", latest.name, before,
+             resumed.name, resumed.name)
+
+
+def _described_latest(manager: CheckpointManager) -> str:
+    latest = manager.latest_path()
+    if not os.path.lexists(latest):
+        return "was missing"
+    twins = [p.name for p in _names_of(manager, file_identity(latest)) if p != latest]
+    return f"named {twins[0]}" if twins else ("was a dangling symlink" if not latest.exists() else "named another file")
 
 
 def _move_aside(path: Path) -> Path:

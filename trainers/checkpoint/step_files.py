@@ -66,9 +66,12 @@ class CheckpointManager:
         return self.run_dir / BEST_NAME
 
     def save_best(self, state: dict, step: int) -> Path:
-        """Replace best.pth with `state` (same atomic, durable protocol; outside rotation)."""
+        """Replace best.pth with `state` (same atomic, durable protocol; outside rotation). Its events are
+        "best_tmp_written" and "best_renamed", so a step's own file events name its model_step file alone."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(state, self.best_path(), step=step, on_event=self.on_event)
+        on_event = self.on_event
+        atomic_torch_save(state, self.best_path(), step=step,
+                          on_event=(lambda event, at: on_event(f"best_{event}", at)) if on_event else None)
         return self.best_path()
 
     def step_path(self, step: int) -> Path:

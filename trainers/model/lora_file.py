@@ -8,7 +8,9 @@ sha256 so that merging into another base is refused by name instead of producing
      "adapters": {"gpt.h.0.attn.c_attn.lora_a": tensor, ...},
      "replaced": {"text_embedding.weight": tensor, ...}}
 
-Tensors and primitives only, so it loads with torch.load(weights_only=True), like every file we write.
+Tensors and primitives only, so it loads with torch.load(weights_only=True), like every file we write. On disk
+the file also carries checksums of this content ("integrity", as a checkpoint does): written and verified by
+trainers/checkpoint/adapter_file.py, which every writer and reader of the file goes through.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ import torch
 from trainers.errors import UserError
 from trainers.model.lora import LoraSettings, is_adapter_key, merge_adapters
 from trainers.model.weights import strip_module_prefix
-from trainers.torch_files import CheckpointError, atomic_torch_save, load_checkpoint
 
 FORMAT = "indextts2-lora-adapter/1"
 
@@ -40,9 +41,6 @@ class AdapterFile:
         return {"format": FORMAT, "lora": lora, "base": {"path": self.base_path, "sha256": self.base_sha256},
                 "adapters": self.adapters, "replaced": self.replaced}
 
-    def save(self, path: Path) -> None:
-        atomic_torch_save(self.to_dict(), Path(path))
-
     def merged(self, base_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The base with the adapters folded in and the replaced tensors in place, in the base's layout (a DDP
         "module." prefix on the base's names dropped, as the trainer drops it from a --base-checkpoint)."""
@@ -55,16 +53,17 @@ class AdapterFile:
         return merged
 
 
-def read_adapter_file(path: Path, flag: str = "--adapter") -> AdapterFile:
-    """The adapter file at `path`; UserError naming the flag, the file and the reason otherwise."""
-    try:
-        obj = load_checkpoint(Path(path))
-    except CheckpointError as exc:
-        raise UserError(f"{flag} {path}: {exc.reason}") from None
+def check_format(obj: Mapping[str, Any], path: Path, flag: str = "--adapter") -> None:
+    """UserError unless the loaded file says it is an adapter file (a checkpoint passed instead, say)."""
     if obj.get("format") != FORMAT:
         found = obj.get("format", "no format field")
         raise UserError(f"{flag} {path}: not a LoRA adapter file (format {found!r}, expected {FORMAT!r}); pass "
                         "the adapter file, not a checkpoint")
+
+
+def adapter_file_from(obj: Mapping[str, Any], path: Path, flag: str = "--adapter") -> AdapterFile:
+    """The adapter file's content as loaded from `path`; UserError naming the flag, the file and the reason otherwise."""
+    check_format(obj, path, flag)
     try:
         lora = obj["lora"]
         settings = LoraSettings(rank=int(lora["rank"]), alpha=float(lora["alpha"]), targets=tuple(lora["targets"]),

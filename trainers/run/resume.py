@@ -26,7 +26,9 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     for change in changes:
         log.info("setting differs from the saved run: %s", change.describe())
     breaking = [c for c in changes if c.breaks_exactness]
-    if not breaking or cmd.allow_config_change:
+    # Another --lora-rank changes what the checkpoint must hold: no flag makes its model section fit this model.
+    rank_change = any(c.key == "lora_rank" for c in breaking)
+    if not breaking or (cmd.allow_config_change and not rank_change):
         return [c.describe() for c in changes]
     lines = [f"resuming {path} with these changes would not reproduce the uninterrupted run:",
              *[f"  {c.describe()}" for c in breaking]]
@@ -40,13 +42,17 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
             f"  --base-checkpoint {cfg.settings.base_checkpoint} is not the file this LoRA run was trained on (its "
             f"sha256 differs): the checkpoint holds only adapters, which belong to that base. Pass the original base "
             f"(the run used {saved.base_checkpoint})")
-    if any(c.key == "lora_rank" for c in breaking):
+    if rank_change and saved.lora_rank:
         lines.append(
-            "  --lora-rank decides what trains and what the checkpoint holds: a LoRA run continues with its own rank "
-            "(adapters of another rank do not fit), and a full fine-tuning checkpoint does not continue as LoRA in its "
-            "own directory; for another rank start a new run (a new --output-dir) from --base-checkpoint, and to adapt "
-            f"this checkpoint's model branch it into a new directory: --resume {path} --output-dir NEW_DIR "
-            "--lora-rank R")
+            f"  --lora-rank decides what trains and what the checkpoint holds: this LoRA run continues with its own "
+            f"rank {saved.lora_rank} (adapters of another rank do not fit, and its checkpoint holds the adapters alone, "
+            "not a whole model to fine-tune); for another rank or a full fine-tuning, merge it (tools/export_checkpoint.py "
+            "or tools/merge_lora.py) and start a new run (a new --output-dir) with --base-checkpoint on the merged file")
+    elif rank_change:
+        lines.append(
+            "  --lora-rank decides what trains and what the checkpoint holds: a full fine-tuning checkpoint does not "
+            "continue as LoRA in its own directory; to adapt this checkpoint's model branch it into a new directory: "
+            f"--resume {path} --output-dir NEW_DIR --lora-rank R")
     if any(c.key == "data_shares" for c in breaking):
         lines.append(
             "  the replay shares (--train-manifest F::LANG@SHARE) decide which samples make each step: changing them "
@@ -57,7 +63,9 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
         lines.append(
             f"  the effective batch is a hyperparameter of the run ({saved.effective_batch} samples per step); "
             "change only --batch-size or --grad-accumulation to fit other hardware, the other one is derived")
-    lines.append("restore the original flags/files, or pass --allow-config-change to continue anyway")
+    lines.append(f"pass --lora-rank {saved.lora_rank} (the run's own; --allow-config-change cannot make a checkpoint "
+                 "hold other tensors)" if rank_change else
+                 "restore the original flags/files, or pass --allow-config-change to continue anyway")
     raise UserError("\n".join(lines))
 
 

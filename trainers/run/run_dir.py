@@ -2,7 +2,9 @@
 
     model_step{N}.pth, latest.pth   checkpoints (trainers/checkpoint)
     run_config.json                 the resolved settings, written before the first step, so a run
-                                    killed before its first checkpoint restarts with them
+                                    killed before its first checkpoint restarts with them, and a resume
+                                    killed before its first save continues the plan it accepted
+                                    (trainers/run/run_plan.py)
     config.yaml                     your --config with this run's vocabulary: the config to export with
                                     when --config was the full IndexTTS2 one
     micro_batch_probe.json          the measured micro-batch per machine (trainers/hardware)
@@ -29,7 +31,8 @@ from trainers.config.flags import CommandLine
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
-from trainers.files import file_identity, write_text_atomically
+from trainers.files import file_identity, fsync_dir, write_text_atomically
+from trainers.run import run_plan
 from trainers.torch_files import CheckpointError
 
 log = logging.getLogger("train")
@@ -49,6 +52,7 @@ class SavedRun:
     checkpoint: schema.Checkpoint | None = None
     path: Path | None = None
     damaged: tuple[tuple[Path, str], ...] = ()  # newer checkpoints that failed: set aside once the run is locked
+    plan_key: dict[str, Any] | None = None  # names the checkpoint, for the plan this start records (run_plan.py)
 
 
 def run_dir_of(cmd: CommandLine) -> Path:
@@ -153,7 +157,12 @@ def read_saved_run(run_dir: Path, checkpoint: Path | None, resume: str | None) -
             raise UserError(str(exc)) from None
         log.info("resuming from %s (step %d, epoch %d, step %d of that epoch; %s)", checkpoint, ckpt.step, ckpt.epoch,
                  ckpt.step_in_epoch, ckpt.integrity)
-        return SavedRun(saved_settings(ckpt.settings), ckpt.machine, ckpt.run_id, ckpt, checkpoint, damaged)
+        key, machine = run_plan.checkpoint_key(ckpt), ckpt.machine
+        if resume == "auto":  # a continuation stopped before its first save: the plan it accepted
+            path = run_dir / RUN_CONFIG_NAME
+            ckpt, planned_on = run_plan.continued(ckpt, key, run_plan.read_record(path), path)
+            machine = planned_on or machine
+        return SavedRun(saved_settings(ckpt.settings), machine, ckpt.run_id, ckpt, checkpoint, damaged, key)
     if resume == "auto":
         return _unsaved_run(run_dir)
     return None
@@ -165,9 +174,9 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = run_plan.unsealed(json.loads(path.read_text(encoding="utf-8")), path)
         settings = data["config"]
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise UserError(f"{path} is unreadable ({exc}); pass the training flags again, or delete it") from None
     log.info("--resume auto: %s has no checkpoint yet; starting from step 0 with the settings in %s",
              run_dir, RUN_CONFIG_NAME)
@@ -253,10 +262,13 @@ def run_identity(run_dir: Path) -> str | None:
     return _run_config_identity(run_dir)
 
 
-def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str) -> None:
-    """The resolved settings as JSON, for a resume before the first checkpoint and for people."""
-    data = {**run_section, "machine": machine}
-    write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str,
+                     plan: dict[str, Any] | None = None) -> None:
+    """The resolved settings as JSON, for a resume before the first checkpoint and for people, with the plan of a
+    continued checkpoint (trainers/run/run_plan.py) and a sha256 of it all; durable before the first step."""
+    data = {**run_section, "machine": machine, **({run_plan.PLAN_KEY: plan} if plan else {})}
+    write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(run_plan.sealed(data), indent=2, sort_keys=True) + "\n")
+    fsync_dir(run_dir)
 
 
 def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
@@ -298,11 +310,13 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 
 def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],
-                      text_tokens: int, extended: bool, tokenizer: str, demo: bool = False) -> None:
-    """run_config.json and the inference config.yaml; a full disk or read-only directory stops here, cleanly."""
+                      text_tokens: int, extended: bool, tokenizer: str, demo: bool = False,
+                      plan: dict[str, Any] | None = None) -> None:
+    """run_config.json (with the `plan` of a continued checkpoint) and the inference config.yaml; a full disk or
+    read-only directory stops here, cleanly."""
     try:
         prepare_run_dir(run_dir)
-        write_run_config(run_dir, run_section, machine)
+        write_run_config(run_dir, run_section, machine, plan)
         write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo)
     except OSError as exc:
         raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "

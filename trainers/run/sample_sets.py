@@ -19,6 +19,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +127,15 @@ def read_step(run_dir: Path, step: int | None = None) -> SampleSet:
     return read_set(sets[step])
 
 
+def refuse_unusable_folder(run_dir: Path) -> None:
+    """At start-up, before anything is written: a `samples` path that is not a directory (a user's file) cannot
+    take the sets of --sample-interval (UserError, exit 2)."""
+    folder = Path(run_dir) / SAMPLES_DIR
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise UserError(f"{folder} is not a directory, so the sample sets of --sample-interval cannot be written there; "
+                        "move that file away, or leave out --sample-interval (nothing was trained or written)")
+
+
 @dataclass
 class SampleStore:
     """Writes a run's sample sets and keeps them bounded (see the module docstring)."""
@@ -138,11 +148,14 @@ class SampleStore:
             raise ValueError(f"keep must be >= 1, got {self.keep}")
         self.folder = Path(self.run_dir) / SAMPLES_DIR
 
+    def path_of(self, step: int) -> Path:
+        return self.folder / set_name(step)
+
     def write(self, sample_set: SampleSet, protect: Iterable[int] = (),
               on_written: Callable[[], None] | None = None) -> Path:
         """Write (or replace) the set of its step, then remove the sets beyond the bound."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / set_name(sample_set.step)
+        path = self.path_of(sample_set.step)
         write_bytes_atomically(path, encode(sample_set), on_written)
         self.prune(sample_set.step, protect)
         return path

@@ -15,7 +15,7 @@ import torch
 from trainers.checkpoint import schema
 from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.checkpoint.disk_space import GROWTH, DiskRoom, checkpoint_bytes
-from trainers.checkpoint.recovery import set_aside
+from trainers.checkpoint.recovery import repair_latest, set_aside
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig
 from trainers.data.loader import StepLoader
@@ -31,6 +31,8 @@ from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
+from trainers.run.run_plan import plan_record
+from trainers.run.sample_sets import refuse_unusable_folder
 from trainers.run.schedule import plan_schedule
 from trainers.run.validation_generation import ValidationGeneration
 from trainers.run.run_dir import (
@@ -157,6 +159,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     run_dir = cfg.run_dir
     ckpt = resume.checkpoint if resume else None
     changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
+    if cfg.settings.sample_interval and cfg.settings.val_manifests:
+        refuse_unusable_folder(run_dir)
 
     # Where this invocation stops and its learning rates: decided before any model is built, from the
     # checkpoint's position and schedule (read here; the one restore below loads them).
@@ -169,6 +173,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
 
     if resume and resume.damaged and world.is_main:  # every refusal is behind us: move damaged newer checkpoints aside
         set_aside(run_dir, list(resume.damaged), resume.path)
+    if resume and resume.path and cmd.resume == "auto" and world.is_main:  # latest.pth names what was resumed
+        repair_latest(run_dir, resume.path)
     same_device = cfg.settings.device in ("auto", cmd.given.get("device"))
     chosen = machine if same_device else detect_hardware(world.place(pick_device(cfg.settings.device)))
     precision = choose_amp(chosen, cfg.settings.amp)  # refuses bf16 on a GPU without it, before the model is built
@@ -198,8 +204,10 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
     if world.is_main:
+        # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
+        plan = plan_record(resume.plan_key, schedule) if resume and resume.plan_key else None
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo)
+                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
                if ds else None for ds in (data.dataset, val_set)]

@@ -164,7 +164,13 @@ class ValidationGeneration:
                             top_p=self.sampling.top_p, generators=f"one per sample, keyed by seed {self.seed}")
         sample_set = new_set(step, self.chosen.ids, self.chosen.languages, codes, stopped, self.ref_lengths,
                              settings, metrics)
-        path = self.store.write(sample_set, protect=[best_step] if best_step is not None else [])
+        try:
+            path = self.store.write(sample_set, protect=[best_step] if best_step is not None else [])
+        except OSError as exc:  # a listening aid is not worth a checkpoint: the run saves and trains on
+            log.warning("could not write the sample set of step %d, %s: %s. Training goes on and its checkpoints are "
+                        "saved; free disk space or move away what is in the set's place to have the next sets written",
+                        step, self.store.path_of(step), exc)
+            return
         log.info("generation step %d: %d samples written to %s", step, len(codes), path)
 
 

@@ -45,12 +45,13 @@ import yaml
 from trainers.config.inference_keys import other_model_files
 from trainers.errors import UserError
 from trainers.tools.export_contents import (
-    CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, load_source,
+    CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, read_source,
     resolve_inference, select_tensors,
 )
 from trainers.tools.export_output import check_output, write_export
+from trainers.checkpoint import adapter_file
 from trainers.checkpoint.lora_export import ADAPTER_NAME, adapter_file_of, merged_state
-from trainers.tools.run_files import WHICH_HELP, checkpoint_path
+from trainers.tools.run_files import WHICH_HELP
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -77,7 +78,7 @@ class Export:
                  f"  {CONFIG_NAME}: from {inf.config_source}; gpt.number_text_tokens {self.text_tokens}, "
                  f"dataset.bpe_model {tok}, gpt_checkpoint {GPT_NAME}",
                  f"  {tok}: copy of {inf.tokenizer} ({self.text_tokens} pieces)"]
-        lines += [f"note: {n}" for n in inf.notes]
+        lines += [f"note: {n}" for n in [*self.source.notes, *inf.notes]]
         if sel.left_out:
             lines.append(f"left out (upstream's UnifiedVoice does not load them): {', '.join(listed(sel.left_out))}")
         lines += ["point IndexTTS2 inference at:",
@@ -92,8 +93,8 @@ class Export:
 
 def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32", config: Path | None = None,
            tokenizer: Path | None = None, base: Path | None = None) -> Export:
-    path = checkpoint_path(target, which)
-    source = load_source(path)
+    source = read_source(target, which)
+    path = source.path
     lora = source.checkpoint.lora if source.checkpoint else None
     if base is not None and lora is None:
         raise UserError(f"--base is for a LoRA checkpoint (whose base it names); {path} holds its whole model")
@@ -125,20 +126,21 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
 
 def export_adapter(target: Path, out: Path, which: str | None = None) -> str:
     """--adapter-only: a LoRA checkpoint's adapters, trained rows, settings and base as an adapter file in `out`."""
-    path = checkpoint_path(target, which)
-    ckpt = load_source(path).checkpoint
+    source = read_source(target, which)
+    path, ckpt = source.path, source.checkpoint
     if ckpt is None or ckpt.lora is None:
         raise UserError(f"--adapter-only: {path} is not a checkpoint of a LoRA run (--lora-rank); it has no adapters")
     adapter = adapter_file_of(ckpt)
     record = check_output(out, [ADAPTER_NAME])
     info = {"source": str(path.resolve()), "kind": "lora-adapter", "step": ckpt.step, "run_id": ckpt.run_id}
     try:
-        write_export(out, {ADAPTER_NAME: lambda f: torch.save(adapter.to_dict(), f)}, record, info)
+        write_export(out, {ADAPTER_NAME: lambda f: adapter_file.write(adapter, f)}, record, info)
     except OSError as exc:
         raise UserError(f"could not write into --out {out}: {exc.strerror or exc}; no file there is half-written"
                         ) from None
     s = adapter.settings
-    return (f"exported the adapters of {path} (step {ckpt.step}; rank {s.rank}, alpha {s.alpha:g}, "
+    return "".join(f"note: {n}\n" for n in source.notes) + (
+            f"exported the adapters of {path} (step {ckpt.step}; rank {s.rank}, alpha {s.alpha:g}, "
             f"{len(adapter.adapters) // 2} projections, {len(adapter.replaced)} trained tensors beside them) to "
             f"{out / ADAPTER_NAME}; base {adapter.base_path} (sha256 {adapter.base_sha256[:16]}...): merge it with "
             f"indextts-merge-lora --adapter {out / ADAPTER_NAME} --base {adapter.base_path} --out merged.pth")

@@ -23,8 +23,10 @@ from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
 from trainers.files import file_sha256
 from trainers.model.gpt_model import GPTConfig
-from trainers.model.weights import split_state_dict, state_dict_of, strip_module_prefix
+from trainers.model.weights import INDEXTTS2_LAYOUT, StateLayout, split_state_dict, state_dict_of, strip_module_prefix
+from trainers.checkpoint.recovery import described
 from trainers.tools.export_output import RECORD_NAME
+from trainers.tools.run_files import checkpoint_path, newest_intact_checkpoint
 from trainers.torch_files import CheckpointError, load_checkpoint
 
 GPT_NAME = "gpt.pth"
@@ -44,6 +46,7 @@ class Source:
     kind: str  # "trainer", "official" ({"model": sd}) or "raw" (a bare state dict)
     state: dict[str, torch.Tensor]
     checkpoint: schema.Checkpoint | None = None
+    notes: list[str] = field(default_factory=list)  # damaged newer checkpoints passed over, said with the export
 
     def describe(self) -> str:
         if self.checkpoint is None:
@@ -52,8 +55,21 @@ class Source:
         return f"{self.path} (trainer checkpoint, step {c.step}, run {c.run_id or 'unnamed'})"
 
 
+def read_source(target: Path, which: str | None) -> Source:
+    """What to export, verified against its checksums: a file as it is named, or the checkpoint of run directory
+    `target` that `which` names, where "latest" (the default) is the one `--resume auto` would continue: the newest
+    intact checkpoint, damaged newer ones passed over with a note."""
+    if not (target.is_dir() and which in (None, "latest")):
+        return load_source(checkpoint_path(target, which))
+    found = newest_intact_checkpoint(target)
+    notes = [f"{described(target, path)} is damaged ({why}): exported {found.path.name}, the newest intact checkpoint, "
+             "which --resume auto would continue" for path, why in found.damaged]
+    return Source(found.path, "trainer", dict(found.checkpoint.model), found.checkpoint, notes)
+
+
 def load_source(path: Path) -> Source:
-    """A trainer checkpoint (through the schema) or an official gpt.pth; tensors are mapped, not read."""
+    """A trainer checkpoint (through the schema, its checksums verified) or an official gpt.pth; tensors are mapped,
+    not read into memory (the checksums read each one once)."""
     try:
         return _load_source(path, mmap=True)
     except CheckpointError:
@@ -67,8 +83,11 @@ def load_source(path: Path) -> Source:
 
 def _load_source(path: Path, mmap: bool) -> Source:
     try:
-        ckpt = schema.read(path, mmap=mmap)
+        ckpt = schema.read(path, mmap=mmap, verify=True)
         return Source(path, "trainer", dict(ckpt.model), ckpt)
+    except schema.IntegrityError as exc:
+        raise UserError(f"{path}: {exc.reason}; nothing was exported. Export another checkpoint of the run (--which "
+                        "STEP), or its run directory, whose newest intact checkpoint is then chosen") from None
     except schema.SchemaError as exc:
         obj = load_checkpoint(path, mmap=mmap)  # it loaded above; only its contents were not a trainer checkpoint
         if schema.is_trainer_checkpoint(obj):
@@ -85,6 +104,19 @@ def expected_group_a(gpt: GPTConfig, family: ModelFamily = FAMILIES["indextts2"]
     return family.expected_keys(gpt)
 
 
+def exported_state(state: Mapping[str, torch.Tensor], layout: StateLayout = INDEXTTS2_LAYOUT,
+                   ) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The tensors of an exported gpt.pth, out of a state dict in the upstream layout (a "module." prefix dropped), in
+    its order, and the names left out. The one definition of that key set (per model family: its `layout`), which
+    the export and tools/merge_lora.py both write: the model's own tensors (group A, under the layout's model
+    namespaces) and the tensors carried from the base (group B), what upstream's UnifiedVoice loads strictly. Left
+    out: what it does not expect (inference_model.*, gpt.wte.*, attention masks) and anything outside those names."""
+    trained, _, dropped = split_state_dict(state, layout)
+    left_out = sorted(dropped + [k for k in trained if not k.startswith(layout.model_namespaces)])
+    gone = set(left_out)
+    return {k: v for k, v in strip_module_prefix(state)[0].items() if k not in gone}, left_out
+
+
 @dataclass
 class Selection:
     state: dict[str, torch.Tensor]
@@ -97,13 +129,14 @@ def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Pa
                    family: ModelFamily = FAMILIES["indextts2"]) -> Selection:
     """Exactly the keys upstream's UnifiedVoice loads: group A as `gpt` shapes it, then the carried group B."""
     layout = family.layout
-    trained, carried, dropped = split_state_dict(state, layout)
+    kept, left_out = exported_state(state, layout)
+    carried = {k: v for k, v in kept.items() if k.startswith(layout.carried_prefixes)}
+    trained = {k: v for k, v in kept.items() if k not in carried}
     expected = expected_group_a(gpt, family)
     problems = [f"missing: {k}" for k in expected if k not in trained]
     problems += [f"{k}: file {tuple(trained[k].shape)}, config {shape}" for k, shape in expected.items()
                  if k in trained and tuple(trained[k].shape) != shape]
-    problems += [f"not in the model of the config: {k}" for k in trained
-                 if k not in expected and k.startswith(layout.model_namespaces)]
+    problems += [f"not in the model of the config: {k}" for k in trained if k not in expected]
     if problems:
         raise UserError("\n".join([f"{source} does not fit the gpt section of the config:", *listed(problems),
                                    "pass the --config the checkpoint was trained with"]))
@@ -112,10 +145,9 @@ def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Pa
         raise UserError(f"{source} lacks the conditioning-encoder tensors {', '.join(lacking)}, which IndexTTS2 "
                         "inference loads strictly: export a checkpoint of a run started with --base-checkpoint "
                         "(the official gpt.pth), whose tensors the trainer carries into every checkpoint")
-    unknown = [k for k in trained if k not in expected]  # outside the model's namespaces and group B
     selected = {k: trained[k] for k in expected}
     selected.update(carried)
-    return Selection(selected, len(expected), len(carried), sorted(dropped + unknown))
+    return Selection(selected, len(expected), len(carried), left_out)
 
 
 def cast(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -3,10 +3,13 @@ IndexTTS2 inference loads as it loads the official one.
 
     python tools/merge_lora.py --adapter voice.lora.pth --base /models/IndexTTS-2/gpt.pth --out merged.pth
 
-The adapter file names the base it was trained on by sha256: another base is refused (the adapters
+The adapter file is verified against the checksums written with it (a damaged one is refused, naming the
+tensor; one written before adapter files carried checksums is merged with a warning). It names the base it was
+trained on by sha256: another base is refused (the adapters
 would be added to weights they were not trained against) unless --allow-other-base says the user knows
 it holds the same weights in other bytes. --out must not exist: nothing a user has is replaced. The
-merged file keeps the base's layout ({"model": ...} or a bare state dict) and dtype.
+merged file keeps the base's layout ({"model": ...} or a bare state dict) and dtype, and holds exactly the
+tensors an export of the same run holds (trainers/tools/export_contents.py `exported_state`).
 Exit status 0, or 2 with `error: ...` and nothing written.
 """
 from __future__ import annotations
@@ -17,8 +20,9 @@ from pathlib import Path
 
 from trainers.errors import UserError
 from trainers.files import file_sha256
-from trainers.model.lora_file import read_adapter_file
+from trainers.checkpoint import adapter_file
 from trainers.model.weights import read_state_dict
+from trainers.tools.export_contents import exported_state, listed
 from trainers.torch_files import atomic_torch_save, load_checkpoint
 
 
@@ -28,7 +32,10 @@ def merge(adapter: Path, base: Path, out: Path, allow_other_base: bool = False) 
         raise UserError(f"--out {out} already exists; choose another path or remove it first")
     if not out.parent.is_dir():
         raise UserError(f"--out {out}: no such directory {out.parent}")
-    lora = read_adapter_file(adapter)
+    found = adapter_file.read(adapter)
+    lora = found.adapter
+    if not found.verified:
+        print(f"warning: --adapter {adapter} was {adapter_file.UNVERIFIABLE}", file=sys.stderr)
     state = read_state_dict(base, flag="--base")
     sha = file_sha256(base)
     if sha != lora.base_sha256 and not allow_other_base:
@@ -39,11 +46,13 @@ def merge(adapter: Path, base: Path, out: Path, allow_other_base: bool = False) 
         merged = lora.merged(state)
     except ValueError as exc:
         raise UserError(f"--adapter {adapter} does not fit --base {base}: {exc}") from None
+    kept, left_out = exported_state(merged)  # exactly what an export of the same run writes
     wrapped = "model" in load_checkpoint(base, mmap=True)
-    atomic_torch_save({"model": merged} if wrapped else merged, out)
+    atomic_torch_save({"model": kept} if wrapped else kept, out)
     s = lora.settings
+    dropped = f"; left out (upstream's UnifiedVoice does not load them): {', '.join(listed(left_out))}" if left_out else ""
     return (f"merged {len(lora.adapters) // 2} adapters (rank {s.rank}, alpha {s.alpha:g}) and "
-            f"{len(lora.replaced)} replaced tensors into {base} -> {out}")
+            f"{len(lora.replaced)} replaced tensors into {base} -> {out}{dropped}")
 
 
 def main(argv: list[str] | None = None) -> int:

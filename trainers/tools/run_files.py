@@ -4,6 +4,9 @@
     model_step{N}.pth   the last --keep-checkpoints checkpoints
     best.pth            the checkpoint with the best validation loss (written by the trainer from a
                         later version on; absent in older runs)
+
+`newest_intact_checkpoint` is the one `--resume auto` would continue (checksums verified, damaged newer
+ones passed over), for the export.
 """
 from __future__ import annotations
 
@@ -11,8 +14,10 @@ import logging
 import re
 from pathlib import Path
 
+from trainers.checkpoint.recovery import Found, NoIntactCheckpoint, newest_intact
 from trainers.checkpoint.step_files import BEST_NAME, CheckpointManager
 from trainers.errors import UserError
+from trainers.torch_files import CheckpointError
 
 STEP = re.compile(r"^(0|[1-9][0-9]*)$")
 WHICH_HELP = "for a run directory: latest (default: the newest complete checkpoint), best, or a step number"
@@ -36,6 +41,29 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
         logger.setLevel(level)
 
 
+def newest_intact_checkpoint(run_dir: Path) -> Found:
+    """The checkpoint `--resume auto` would continue: the newest that reads and matches its checksums (tensors mapped,
+    each one read once to verify it), with the damaged newer ones it passed over (`Found.damaged`: file, why).
+    UserError when the run has no checkpoint or none is intact; nothing in the run directory is changed."""
+    first = newest_checkpoint(run_dir)
+    try:
+        found = newest_intact(run_dir, first, mmap=True, quiet=True) if first is not None else None
+    except NoIntactCheckpoint as exc:
+        raise UserError("\n".join([f"{run_dir}: no intact checkpoint; tried, newest first:",
+                                   *[f"  {path.name}: {why}" for path, why in exc.tried],
+                                   "put an intact copy (from a backup) into the run directory"])) from None
+    except CheckpointError as exc:  # a format this version does not read: not damage
+        raise UserError(f"{exc.path}: {exc.reason}") from None
+    if found is None:
+        raise no_checkpoint(run_dir)
+    return found
+
+
+def no_checkpoint(run_dir: Path) -> UserError:
+    return UserError(f"{run_dir} holds no checkpoint (no latest.pth or model_step*.pth); is it a run directory of this "
+                     "trainer, and has the run saved its first checkpoint?")
+
+
 def step_checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's model_step{N}.pth files by step."""
     return dict(CheckpointManager(run_dir, keep=0).step_files())
@@ -57,8 +85,7 @@ def checkpoint_path(target: Path, which: str | None) -> Path:
     if which == "latest":
         found = newest_checkpoint(target)
         if found is None:
-            raise UserError(f"{target} holds no checkpoint (no latest.pth or model_step*.pth); is it a run directory "
-                            "of this trainer, and has the run saved its first checkpoint?")
+            raise no_checkpoint(target)
         return found
     if which == "best":
         best = target / BEST_NAME
