@@ -54,6 +54,8 @@ class SavedRun:
 def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
     """The run directory and the checkpoint to resume (None: start fresh)."""
     given_dir = cmd.given.get("output_dir")
+    if given_dir:  # the default directory is checked below, once it is known
+        refuse_non_directory(Path(given_dir))
     if cmd.resume == "best":
         return _best_of(Path(given_dir or os.path.abspath(TrainConfig.output_dir)))
     if cmd.resume not in (None, "auto"):
@@ -63,6 +65,7 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
         return Path(given_dir) if given_dir else path.resolve().parent, path
     default_dir = DEMO_OUTPUT_DIR if cmd.given.get("demo") else TrainConfig.output_dir
     run_dir = Path(given_dir or os.path.abspath(default_dir))
+    refuse_non_directory(run_dir)
     found = newest_checkpoint(run_dir)
     if cmd.resume == "auto":
         return run_dir, found
@@ -72,6 +75,19 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
             "or choose another --output-dir (nothing was changed)"
         )
     return run_dir, None
+
+
+def refuse_non_directory(run_dir: Path) -> None:
+    """--output-dir must be a directory or a path where one can be made: a file there (or in place of one of
+    its parents) is named as such, before anything is read or written, instead of the system's "File exists"."""
+    for path in (run_dir, *run_dir.parents):
+        if path.is_dir():
+            return
+        if os.path.lexists(path):
+            what = "a file, not a directory" if path.is_file() else "not a directory (a broken link, a device, a pipe)"
+            where = f"is {what}" if path == run_dir else f"cannot be made: {path} is {what}"
+            raise UserError(f"--output-dir {run_dir} {where}; pass a directory for the run (it is created if "
+                            "missing), e.g. a new name; nothing was written")
 
 
 def warn_new_run(run_dir: Path) -> None:
