@@ -63,3 +63,73 @@ def test_an_empty_or_cut_off_feature_file_is_refused_at_start_up_with_its_line(t
                          f"is empty or cut off ({size} bytes; a .npy file is at least 64)", "extract this feature again")
     assert "relative paths are resolved" not in err  # the path is right: the file is not
     assert not (tmp_path / "run").exists()
+
+
+# --- validation that is not held out -----------------------------------------------------------------
+
+def test_a_val_manifest_that_is_a_train_manifest_is_refused(tmp_path, corpus):
+    """Trained and validated on the same file, without a word."""
+    folder, flags = corpus
+    train = folder / "train.jsonl"
+    link = folder / "also_train.jsonl"  # another name for the same file
+    link.hardlink_to(train)
+    for val in (str(train), f"{train}::en", str(link)):
+        args = [*flags[:2], "--val-manifest", val, *flags[4:], "--max-steps", "1"]
+        assert_refused(tmp_path / "run", args, f"--val-manifest {val.split('::')[0]} is also a --train-manifest",
+                       "leave --val-manifest out")
+    assert not (tmp_path / "run").exists()
+
+
+def test_validation_samples_that_are_training_samples_are_counted_with_an_example(tmp_path, corpus):
+    """By id, or by the target's codes file (the same utterance paired with another prompt); warned, trained."""
+    folder, flags = corpus
+    train, val = folder / "train.jsonl", folder / "val.jsonl"
+    rows = manifest_lines(val)
+    same_id, other = manifest_lines(train)[6], manifest_lines(train)[9]
+    rows[2] = same_id  # val.jsonl:3 is train.jsonl:7
+    rows[5] = {**other, "id": "renamed_but_the_same_target"}  # val.jsonl:6 trains as train.jsonl:10
+    write_lines(val, rows)
+    result = train_here(tmp_path / "run", *flags, "--max-steps", "1", "--effective-batch", "4")
+    assert result.returncode == 0, result.stderr
+    assert ("validation is not held out: 2 of 8 validation samples are training samples too (same id or codes "
+            "file)") in result.stderr
+    assert f"e.g. {val}:3 is {train}:7 (id {same_id['id']!r})" in result.stderr
+
+
+def test_held_out_validation_says_nothing(tmp_path, corpus):
+    _, flags = corpus
+    result = train_here(tmp_path / "run", *flags, "--max-steps", "1", "--effective-batch", "4")
+    assert result.returncode == 0 and "not held out" not in result.stderr, result.stderr
+
+
+# --- text ids another tokenizer made -----------------------------------------------------------------
+
+def other_tokenizer(path: Path, size: int) -> Path:
+    """A SentencePiece model of `size` pieces, trained as the demo's is but on its words spelt backwards."""
+    import numpy as np
+
+    from trainers.data.demo_corpus import _sentence, _train_tokenizer, front_end
+
+    rng = np.random.default_rng(5)
+    sentences = [" ".join(w[::-1] for w in front_end(_sentence(rng)).split()) for _ in range(2000)]
+    path.write_bytes(_train_tokenizer(sentences, size))
+    return path
+
+
+def test_another_tokenizer_of_the_same_size_is_refused_on_a_fresh_start(tmp_path, corpus):
+    """It trained silently on ids the tokenizer never produces (only a resume refused the change)."""
+    import sentencepiece as spm
+
+    folder, flags = corpus
+    given = Path(flags[flags.index("--tokenizer") + 1])
+    size = spm.SentencePieceProcessor(model_file=str(given)).get_piece_size()
+    wrong = other_tokenizer(tmp_path / "other.model", size)
+    args = [*flags, "--max-steps", "1", "--effective-batch", "4"]
+    args[args.index(str(given))] = str(wrong)
+    line = manifest_lines(folder / "train.jsonl")[0]
+    err = assert_refused(tmp_path / "run", args, f"--tokenizer {wrong} does not make the manifests' text ids (0 of 8 "
+                         "lines checked match", f"{folder / 'train.jsonl'}:1: the text {line['target_text']!r} is "
+                         "stored as ids [72, 72, 142,", "retokenize_manifest.py", "--no-tokenizer-check")
+    assert "Traceback" not in err
+    # The escape for a preprocessing with a front end of its own trains on (and the right tokenizer, every test).
+    assert train_here(tmp_path / "run", *args, "--no-tokenizer-check").returncode == 0

@@ -32,6 +32,7 @@ class CommandLine:
     additional_epochs: int = 0  # --additional-epochs N: N more epochs of data from where the run stands
     scale_lr: str | None = None  # --scale-lr linear|sqrt: the learning rate follows an effective-batch change
     dist_timeout: float | None = None  # --dist-timeout SECONDS: under torchrun, the wait for the other processes
+    tokenizer_check: bool = True  # --no-tokenizer-check turns off the start's check of text ids (trainers/data/tokenizer_fit.py)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +82,9 @@ def _data_flags(data: argparse._ArgumentGroup, d: TrainConfig) -> None:
     data.add_argument("--val-manifest", dest="val_manifests", action="append", metavar="JSONL[::LANG]",
                       help="validation manifest; repeat for several")
     data.add_argument("--tokenizer", help="SentencePiece model the text ids were made with")
+    data.add_argument("--no-tokenizer-check", dest="no_tokenizer_check", action="store_true",
+                      help="skip the fresh start's check that --tokenizer turns the first manifest lines' text into "
+                           "their stored ids (for a preprocessing with its own text front end)")
     data.add_argument("--config", help=f"IndexTTS2 config.yaml (gpt section) [{d.config}]")
     data.add_argument("--base-checkpoint", help="official gpt.pth (or a raw state dict) to start from")
     data.add_argument("--output-dir", help=f"run directory [{d.output_dir}]")
@@ -267,6 +271,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     data_roots = tuple(ns.pop("data_roots", ()))
     additional, scale_lr = ns.pop("additional_epochs", 0), ns.pop("scale_lr", None)
     dist_timeout = ns.pop("dist_timeout", None)
+    tokenizer_check = not ns.pop("no_tokenizer_check", False)
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
@@ -276,7 +281,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
                        reconfigure_scheduler=reconfigure, rewarm=rewarm, rewarm_lr=rewarm_lr,
                        rewarm_steps=rewarm_steps, data_roots=data_roots, additional_epochs=additional,
-                       scale_lr=scale_lr, dist_timeout=dist_timeout)
+                       scale_lr=scale_lr, dist_timeout=dist_timeout, tokenizer_check=tokenizer_check)
 
 
 def _absolute_spec(spec: str) -> str:

@@ -19,9 +19,11 @@ from trainers.config.settings import BASE_FINGERPRINT, TrainConfig
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.feature_fit import check_features_fit
 from trainers.data.features import FeatureSpec
+from trainers.data.held_out import refuse_same_file, warn_overlap
 from trainers.data.manifest import DataLimits, ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
 from trainers.data.sample_table import SampleTable
+from trainers.data.tokenizer_fit import check_text_ids
 from trainers.errors import UserError
 from trainers.files import dict_sha256, file_sha256
 from trainers.model.demo_base import ensure_demo_base
@@ -142,6 +144,18 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
                             report_unknown=False)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train.table, val.table if val else None, fingerprints, base_state,
                      (train, *([val] if val else [])))
+
+
+def check_fresh_data(cfg: TrainConfig, inputs: RunInputs, tokenizer_check: bool = True) -> None:
+    """The checks of a fresh start (a resume holds its data and tokenizer to the run's fingerprints instead):
+    validation held out from training, and text ids that --tokenizer makes."""
+    train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
+    val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
+    refuse_same_file(train_specs, val_specs)
+    if inputs.val_samples is not None:
+        warn_overlap(inputs.train_samples, inputs.val_samples)
+    if tokenizer_check:
+        check_text_ids([*train_specs, *val_specs], cfg.tokenizer)
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:

@@ -28,7 +28,7 @@ from trainers.model.gpt_model import GPTConfig
 from trainers.model.vocabulary import Vocabulary, check_extends, tokenizer_size
 from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
-    DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
+    DEMO_DATA_DIR, RunInputs, check_fresh_data, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
 )
 from trainers.run.lora_branch import is_lora_branch, start_lora_branch
 from trainers.run.portable import locate_inputs
@@ -86,6 +86,8 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
                          read_base=not (saved and saved.checkpoint) or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
+    if not (saved and saved.checkpoint):
+        check_fresh_data(settings, inputs, cmd.tokenizer_check)
     if saved and saved.checkpoint:
         base_tokens = saved.checkpoint.base_text_tokens
     elif inputs.base_state is not None:
