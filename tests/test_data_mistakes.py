@@ -133,3 +133,34 @@ def test_another_tokenizer_of_the_same_size_is_refused_on_a_fresh_start(tmp_path
     assert "Traceback" not in err
     # The escape for a preprocessing with a front end of its own trains on (and the right tokenizer, every test).
     assert train_here(tmp_path / "run", *args, "--no-tokenizer-check").returncode == 0
+
+
+# --- an effective batch larger than the data ----------------------------------------------------------
+
+def test_an_effective_batch_larger_than_the_data_is_the_data_size_and_trains_the_same(tmp_path, corpus):
+    """`--effective-batch 100` on 24 samples logged "effective batch 100 = 16 x 7" while every step held 24.
+    The run takes 24, says so with both numbers, trains exactly as --effective-batch 24 does (weights, optimizer,
+    samples of every step), and a resume given 100 again continues it bit for bit."""
+    import torch
+
+    from tests.demo_runs import assert_same_training
+
+    _, flags = corpus
+    common = [*flags, "--warmup-steps", "1", "--lr-decay-steps", "4", "--val-interval", "2", "--log-interval", "1",
+              "--log-sample-ids"]
+    torch.manual_seed(0)  # without --base-checkpoint the model starts from torch's global generator
+    first = train_here(tmp_path / "big", *common, "--effective-batch", "100", "--max-steps", "2")
+    assert first.returncode == 0, first.stderr
+    assert "--effective-batch 100 is more than the 24 training samples (the training manifests): every step holds " \
+           "all 24, one step per epoch" in first.stderr
+    assert "training with effective batch 24: every step trains the same samples" in first.stderr
+    assert "batch: effective batch 24 = micro-batch 16 x accumulation 2" in first.stderr, first.stderr
+    assert "effective batch 100" not in first.stderr and "16 x 7" not in first.stderr
+    resumed = train_here(tmp_path / "big", *common, "--effective-batch", "100", "--max-steps", "4", "--resume", "auto")
+    assert resumed.returncode == 0 and "changes the result" not in resumed.stderr, resumed.stderr
+    torch.manual_seed(0)
+    exact = train_here(tmp_path / "exact", *common, "--effective-batch", "24", "--max-steps", "4")
+    assert exact.returncode == 0 and "more than the" not in exact.stderr, exact.stderr
+    assert_same_training(tmp_path / "big", tmp_path / "exact", 4)
+    steps = (tmp_path / "big" / "sample_ids.tsv").read_text().splitlines()
+    assert [len(line.split("\t")[2].split(",")) for line in steps] == [24] * 4

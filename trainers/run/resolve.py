@@ -97,6 +97,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     vocab = Vocabulary(text_tokens, base_tokens)
     freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
     n_train = _samples_per_epoch(settings, len(inputs.train_samples))
+    settings = _batch_within_data(settings, n_train)
     settings = _additional_epochs(cmd, settings, saved, n_train)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
@@ -123,6 +124,21 @@ def _samples_per_epoch(cfg: TrainConfig, available: int) -> int:
         raise UserError(f"--train-samples {cfg.train_samples}: the training manifests hold {available} samples; pass "
                         f"at most {available} (0 uses all of them)")
     return cfg.train_samples or available
+
+
+def _batch_within_data(cfg: TrainConfig, n_train: int) -> TrainConfig:
+    """An effective batch larger than the training samples: every step holds all of them (one step per epoch),
+    which is exactly what an effective batch of that many trains: the same samples and micro-batches at every
+    step, the same schedule (tests/test_data_mistakes.py). The run takes that number, so the batch it logs and
+    saves is the one a step holds, and a resume given the larger number again agrees with it."""
+    if cfg.effective_batch <= n_train:
+        return cfg
+    of = f"--train-samples {cfg.train_samples}" if cfg.train_samples else "the training manifests"
+    log.warning("--effective-batch %d is more than the %d training samples (%s): every step holds all %d, one step "
+                "per epoch", cfg.effective_batch, n_train, of, n_train)
+    log.warning("training with effective batch %d: every step trains the same samples; pass --effective-batch %d "
+                "(or add data) to silence this", n_train, n_train)
+    return replace(cfg, effective_batch=n_train)
 
 
 def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None, n_train: int) -> TrainConfig:
