@@ -164,3 +164,37 @@ def test_an_effective_batch_larger_than_the_data_is_the_data_size_and_trains_the
     assert_same_training(tmp_path / "big", tmp_path / "exact", 4)
     steps = (tmp_path / "big" / "sample_ids.tsv").read_text().splitlines()
     assert [len(line.split("\t")[2].split(",")) for line in steps] == [24] * 4
+
+
+# --- a resume after the training manifest changed -----------------------------------------------------
+
+def test_a_resume_after_the_manifest_changed_says_what_changed_and_what_allowing_it_means(tmp_path, corpus):
+    """Was two sha256 values and --allow-config-change as the only way on, without saying that the manifest lost
+    a line, nor that continuing makes the run differ from an uninterrupted one."""
+    folder, flags = corpus
+    manifest = folder / "train.jsonl"
+    run = tmp_path / "run"
+    args = [*flags, "--effective-batch", "8", "--warmup-steps", "1", "--lr-decay-steps", "6", "--val-interval", "0"]
+    assert train_here(run, *args, "--max-steps", "4").returncode == 0
+    rows = manifest_lines(manifest)
+    dropped = rows.pop(4)  # train.jsonl:5
+    rows[1] = {**rows[1], "target_codes_path": rows[2]["target_codes_path"]}  # train.jsonl:2 another codes file
+    rows.append({**rows[9], "id": "an_added_line"})
+    write_lines(manifest, rows)
+    before = {k: v for k, v in snapshot(run).items() if k != ".trainer.lock"}  # the lock's time: trainers/run/lock.py
+    status, err = run_main(run, *args, "--max-steps", "6", "--resume", "auto")
+    assert status == 2 and "Traceback" not in err, err
+    assert {k: v for k, v in snapshot(run).items() if k != ".trainer.lock"} == before
+    for text in ("data (the training manifests' sha256): saved ",
+                 "the training manifests changed since the checkpoint: 24 samples then, 24 now",
+                 f"1 line removed, e.g. {manifest}:5 (id {dropped['id']!r}) (line numbers as they were)",
+                 f"1 line added, e.g. {manifest}:24 (id 'an_added_line')",
+                 f"1 line changed (same id, other lengths or codes file), e.g. {manifest}:2 (id {rows[1]['id']!r})",
+                 "continuing (--allow-config-change) trains from step 4 on today's samples: the rest of epoch 1",
+                 "so the run no longer equals an uninterrupted run on either manifest"):
+        assert text in err, text
+    saved, now = err.split("sha256): saved ")[1].split(" (changes the result)")[0].split(", now ")
+    assert len(saved) == len(now) == 15 and saved.endswith("...") and saved != now  # 12 digits each, not 64
+    allowed = train_here(run, *args, "--max-steps", "6", "--resume", "auto", "--allow-config-change")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "WARNING 1 line removed, e.g." in allowed.stderr and "WARNING so the run no longer equals" in allowed.stderr

@@ -70,10 +70,12 @@ class _CacheWrite:
     path: Path
     key: str
     checked: Validated
+    fingerprint: str  # of the manifests checked: a refused resume compares their samples with today's
 
     def save(self) -> None:
         started = time.monotonic()
-        meta = {"samples": len(self.checked.table), "duplicates": list(self.checked.duplicates)}
+        meta = {"samples": len(self.checked.table), "duplicates": list(self.checked.duplicates),
+                "fingerprint": self.fingerprint}
         try:
             write_table(self.path, self.checked.table, self.key, meta, self.checked.folders)
         except OSError as exc:
@@ -103,12 +105,12 @@ def read_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str,
     if key:
         reused = _reuse(cache, key)
         if reused is not None:
-            return CheckedManifests(reused.table, fingerprint, _CacheWrite(cache, key, reused)
+            return CheckedManifests(reused.table, fingerprint, _CacheWrite(cache, key, reused, fingerprint)
                                     if reused.folders is not None else None)
     checked = validate_manifests(specs, limits, flag)
     warn_duplicate_ids(checked.table, checked.duplicates)
-    return CheckedManifests(checked.table, fingerprint or manifests_fingerprint(specs),
-                            _CacheWrite(cache, key, checked) if key else None)
+    fingerprint = fingerprint or manifests_fingerprint(specs)
+    return CheckedManifests(checked.table, fingerprint, _CacheWrite(cache, key, checked, fingerprint) if key else None)
 
 
 def _reuse(path: Path, key: str) -> Validated | None:

@@ -141,7 +141,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
     run_dir = cfg.run_dir
     ckpt = resume.checkpoint if resume else None
-    changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
+    changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd, inputs.train_samples) if ckpt else []
 
     # Where this invocation stops and its learning rates: decided before any model is built, from the
     # checkpoint's position and schedule (read here; the one restore below loads them).
