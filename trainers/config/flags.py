@@ -7,10 +7,11 @@ imports no torch: `--help` and usage errors answer at once.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from trainers.config.bounds import (
     BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
@@ -35,8 +36,47 @@ class CommandLine:
     tokenizer_check: bool = True  # --no-tokenizer-check turns off the start's check of text ids (trainers/data/tokenizer_fit.py)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in two lines (what is wrong, where --help is) instead of 44 lines of usage, with the flag
+    an unknown one most likely meant (`--learning_rate` -> `--learning-rate`)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self.suggestions(extras)}")
+        return ns
+
+    def suggestions(self, extras: Sequence[str]) -> str:
+        known = sorted(o for o in self._option_string_actions if o.startswith("--"))
+        meant = []
+        for word in extras:
+            name = word.split("=", 1)[0]
+            if name.startswith("--"):
+                close = _closest_flag(name, known)
+                meant += [(name, close)] if close else []
+        if len(meant) == 1:
+            return f"; did you mean {meant[0][1]}?"
+        return f"; did you mean {', '.join(f'{c} for {n}' for n, c in meant)}?" if meant else ""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"usage: {self.prog} [FLAGS] (--help lists them all)\n{self.prog}: error: {message}\n")
+
+
+def _closest_flag(name: str, known: Sequence[str]) -> str | None:
+    """The flag a mistyped one most likely meant: underscores for dashes, a flag it begins (abbreviations are
+    not accepted: allow_abbrev=False), else the most similar name."""
+    dashed = name.replace("_", "-")
+    if dashed in known:
+        return dashed
+    begun = [k for k in known if k.startswith(dashed)]
+    if begun:
+        return min(begun, key=len)
+    close = difflib.get_close_matches(dashed, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="train_gpt_v2.py",
         description="Fine-tune the IndexTTS2 GPT with exact, interruption-proof resume.",
         argument_default=argparse.SUPPRESS,

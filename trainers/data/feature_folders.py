@@ -96,8 +96,7 @@ def changed_since(folders: list[str], record: dict[str, np.ndarray], linked_path
     horizon = int(record["checked_at"][0]) - RACY_WINDOW_NS
     for folder, saved in zip(folders, stats.tolist()):
         if min(saved[2], saved[3]) >= horizon:  # a change sets both to "now": one older time tells it apart
-            return (f"{folder or '.'} was changed within {RACY_WINDOW_NS // 10**9} s of the last check of the manifests "
-                    "(too recent for its timestamps to show a later change)")
+            return f"{folder or '.'} changed within {RACY_WINDOW_NS // 10**9} s of the last check"
         if _folder_stat(folder) != tuple(saved):
             return f"{folder or '.'} changed (a file was added, removed or renamed)"
     for path in linked_paths:

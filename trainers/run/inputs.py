@@ -117,8 +117,9 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     try:
         train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
-        train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"))
-        val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"))
+        said: set[str] = set()  # the flags' manifests often share feature folders: why they are stat'ed, said once
+        train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"), said)
+        val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"), said)
                if val_specs else None)
     except ManifestError as exc:
         raise UserError(f"the manifests have problems; nothing was trained:\n{exc}") from None

@@ -101,7 +101,8 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = _additional_epochs(cmd, settings, saved, n_train)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
-    check_horizon(train, n_train)
+    train = _demo_warmup(cmd, train, saved)
+    check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml),
@@ -184,15 +185,30 @@ def planned_steps(cfg: TrainConfig, num_samples: int) -> int:
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
-def check_horizon(cfg: TrainConfig, num_samples: int) -> None:
-    """The derived learning-rate horizon is saved with the run: keep it inside the range a resume accepts."""
+def check_horizon(cfg: TrainConfig, num_samples: int, warn: bool = True, warmup_given: bool = True) -> None:
+    """The derived learning-rate horizon is saved with the run: keep it inside the range a resume accepts.
+    warn: say (on a fresh start; a resume keeps the saved schedule) when the warmup never ends."""
     if cfg.lr_decay_steps > MAX_COUNT:
         raise UserError(f"--epochs {cfg.epochs} over {num_samples} samples is {cfg.lr_decay_steps} optimizer steps, "
                         f"more than {MAX_COUNT}; lower --epochs or pass --max-steps (nothing was written)")
-    if cfg.warmup_steps >= cfg.lr_decay_steps:
-        log.warning("--warmup-steps %d is not shorter than the learning-rate horizon of %d steps: the learning rate "
-                    "never reaches its peak --learning-rate %g; lower --warmup-steps", cfg.warmup_steps,
-                    cfg.lr_decay_steps, cfg.learning_rate)
+    if warn and cfg.warmup_steps >= cfg.lr_decay_steps:
+        log.warning("--warmup-steps %d%s is not shorter than the learning-rate horizon of %d %s:", cfg.warmup_steps,
+                    "" if warmup_given else " (the default)", cfg.lr_decay_steps, _steps(cfg.lr_decay_steps))
+        log.warning("the learning rate never reaches --learning-rate %g; pass a smaller --warmup-steps",
+                    cfg.learning_rate)
+
+
+def _steps(count: int) -> str:
+    return "step" if count == 1 else "steps"
+
+
+def _demo_warmup(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None) -> TrainConfig:
+    """--demo's own warmup (20 of its 240 steps) takes at most a quarter of a shorter run's horizon, so
+    `--demo --max-steps 4` warms up over 1 step instead of warning about a --warmup-steps nobody gave. Decided
+    on a fresh start and saved with the run: a resume keeps it."""
+    if not cfg.demo or saved is not None or "warmup_steps" in cmd.given:
+        return cfg
+    return replace(cfg, warmup_steps=min(cfg.warmup_steps, cfg.lr_decay_steps // 4))
 
 
 def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str,

@@ -274,9 +274,9 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
     missing = missing_inference_keys(data)
     if missing and not demo:  # the demo's tiny model is not for inference
-        log.info("%s lacks keys IndexTTS2 inference reads (%s): --config is a trimmed config, enough for training; "
-                 "to export, pass tools/export_checkpoint.py --config with the full config.yaml from your IndexTTS2 "
-                 "checkpoints folder", path, ", ".join(missing))
+        log.info("%s lacks keys IndexTTS2 inference reads (%s): a trimmed --config, enough for training", path,
+                 ", ".join(missing))
+        log.info("to export: tools/export_checkpoint.py --config with the full config.yaml of your IndexTTS2 model")
     bpe = (data.get("dataset") or {}).get("bpe_model")
     if extended and bpe and Path(bpe).name != Path(tokenizer).name:
         log.info("for inference, point dataset.bpe_model in %s (now %s) at the extended tokenizer %s", path, bpe,
