@@ -9,8 +9,8 @@ sentences, a memorisation check) and validation still measures the rest.
 Two samples are the same when they have the same id, or the same target codes file (a paired line's
 id names its target and its prompt: the same target with another prompt is the same utterance to learn).
 Prompt features (condition, emo_vec) are not compared: a speaker's prompts are rightly shared by both sets.
-Cost: one pass over the ids and codes-file names of both tables as bytes, about 0.5 s per million
-training samples, and nothing per step.
+Cost: one pass over the ids and codes-file names of both tables as bytes (no file is read), once per
+fresh start, nothing per step.
 """
 from __future__ import annotations
 

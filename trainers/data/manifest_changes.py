@@ -5,7 +5,7 @@ run's validated-manifest cache (trainers.data.manifest_cache) still holds the sa
 (a refused start writes nothing), with that sha256 in its header: when it matches the checkpoint's, the
 samples then and now are compared by (id, text and code lengths, codes file name), and the lines removed,
 added and changed are counted with examples, from the manifests as they were and as they are. Cost, on a
-refused or allowed data change only: one pass over both tables (about 1 s per million samples).
+refused or allowed data change only: one pass over both tables, no file read but the cache.
 """
 from __future__ import annotations
 
@@ -31,10 +31,8 @@ def saved_samples(cache: Path, fingerprint: str) -> SampleTable | None:
 
 
 def _signatures(table: SampleTable) -> list[Signature]:
-    names = table.files.as_bytes()
-    codes = table.arrays["codes"].tolist()
     return list(zip(table.ids.as_bytes(), table.text_len.tolist(), table.code_len.tolist(),
-                    (names[k] for k in codes)))
+                    table.files.as_bytes(table.arrays["codes"].tolist())))
 
 
 def _unmatched(signatures: list[Signature], other: list[Signature]) -> list[int]:

@@ -123,7 +123,7 @@ def _cpu_cores() -> int:
 
 def busy_cpu_note(machine: Hardware, threads: int) -> list[str]:
     """On a CPU other work keeps busy (the 1-minute load average above the machine's cores), torch's intra-op
-    threads wait for each other at every operation: a demo reported in issue 28 took 221 s with the default
+    threads wait for each other at every operation: a user reported the demo taking 221 s with the default
     threads and 34 s with one on a loaded 2-core VM. There is no --threads flag: OMP_NUM_THREADS, read when torch
     starts, sets it. Returns the lines to warn with (none on a GPU, with one thread, or an idle CPU)."""
     try:
