@@ -130,7 +130,7 @@ def test_another_tokenizer_of_the_same_size_is_refused_on_a_fresh_start(tmp_path
     err = assert_refused(tmp_path / "run", args, f"--tokenizer {wrong} does not make the manifests' text ids (0 of 8 "
                          "lines checked match", f"{folder / 'train.jsonl'}:1: the text {line['target_text']!r} is "
                          "stored as ids [72, 72, 142,", "retokenize_manifest.py", "--no-tokenizer-check")
-    assert "Traceback" not in err
+    assert float(err.split("mean similarity ")[1][:4]) < 0.3  # the ids differ throughout, not here and there
     # The escape for a preprocessing with a front end of its own trains on (and the right tokenizer, every test).
     assert train_here(tmp_path / "run", *args, "--no-tokenizer-check").returncode == 0
 
