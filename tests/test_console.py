@@ -60,7 +60,7 @@ def demo_resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, s
     """`--demo --max-steps 4`, then a resume to step 6 (its corpus generated in the run directory just before, as
     on a first demo): both logs."""
     out = tmp_path_factory.mktemp("console") / "demo"
-    common = ["--demo", "--lr-decay-steps", "6", "--log-interval", "3", "--val-interval", "0"]
+    common = ["--demo", "--lr-decay-steps", "6", "--warmup-steps", "2", "--log-interval", "3", "--val-interval", "0"]
     first = train_here(out, *common, "--max-steps", "4")
     assert first.returncode == 0, first.stderr
     resumed = train_here(out, *common, "--max-steps", "6", "--resume", "auto")
@@ -85,13 +85,18 @@ def test_a_demo_resume_says_each_thing_once(demo_resumed):
     assert "manifest check cached" not in resumed
 
 
-def test_the_demo_warmup_fits_a_short_demo_and_counts_are_worded(demo_resumed):
-    """`--demo --max-steps 4` warned about `--warmup-steps 20`, a value nobody gave; then 'warmup 1 steps'."""
+def test_a_short_demo_is_not_warned_about_a_warmup_nobody_gave(tmp_path, demo_assets):
+    """`--demo --max-steps 4` warned about `--warmup-steps 20`, a value the user never gave."""
+    done = train_here(tmp_path / "run", *demo_assets, "--max-steps", "4", "--val-interval", "0")
+    assert done.returncode == 0, done.stderr
+    assert "WARNING" not in done.stderr and "--warmup-steps 20" not in done.stderr, done.stderr
+    assert "learning rate: the demo's 20 warmup steps outlast the 4-step horizon: it stays below 0.003" in done.stderr
+
+
+def test_the_start_up_summary_says_its_counts_as_they_are(demo_resumed):
     _, first, resumed = demo_resumed
-    assert "--warmup-steps" not in first
-    assert "learning rate: warmup 1 step to 0.003, cosine to 0.0003 at step 6" in first
-    assert "epoch: 24 steps, random order" in first and re.search(r"; 151K trained parameters", first), first
-    assert "warmup 1 step to" in resumed  # the saved schedule, kept
+    assert "epoch: 24 steps, random order" in first and "; 151K trained parameters" in first, first
+    assert "training to step 4; learning rate: warmup 2 steps to 0.003, cosine to 0.0003 at step 6" in first
 
 
 def test_the_periodic_line_says_elapsed_time_and_time_left(demo_resumed):
@@ -106,12 +111,14 @@ def test_the_periodic_line_says_elapsed_time_and_time_left(demo_resumed):
                      re.M), first
 
 
-def test_a_small_lora_run_counts_its_trained_parameters(tmp_path, demo_assets):
-    """'0.0M trained parameters' for a LoRA run of a small model."""
-    done = train_here(tmp_path / "run", *demo_assets, "--lora-rank", "2", "--max-steps", "1", "--val-interval", "0")
+def test_counts_are_worded_as_they_are(tmp_path, demo_assets):
+    """'0.0M trained parameters' for a LoRA run of a small model; 'warmup 1 steps'."""
+    done = train_here(tmp_path / "run", *demo_assets, "--lora-rank", "2", "--max-steps", "1", "--val-interval", "0",
+                      "--warmup-steps", "1", "--lr-decay-steps", "4")
     assert done.returncode == 0, done.stderr
     count = re.search(r"; (\S+) trained parameters", done.stderr).group(1)
     assert re.fullmatch(r"\d+(\.\d+)?K", count), count
+    assert "learning rate: warmup 1 step to 0.003, cosine to 0.0003 at step 4" in done.stderr, done.stderr
 
 
 def test_a_default_warmup_longer_than_the_run_is_said_to_be_the_default(tmp_path):

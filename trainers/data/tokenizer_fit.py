@@ -29,7 +29,7 @@ import sentencepiece as spm
 
 from trainers.data.manifest import ManifestSpec
 from trainers.errors import UserError
-from trainers.tools.tokenizer.retokenize_front_end import front_end
+from trainers.data.text_front_end import front_end
 
 log = logging.getLogger("train")
 

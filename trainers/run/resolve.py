@@ -101,7 +101,6 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = _additional_epochs(cmd, settings, saved, n_train)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
-    train = _demo_warmup(cmd, train, saved)
     check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
@@ -191,24 +190,19 @@ def check_horizon(cfg: TrainConfig, num_samples: int, warn: bool = True, warmup_
     if cfg.lr_decay_steps > MAX_COUNT:
         raise UserError(f"--epochs {cfg.epochs} over {num_samples} samples is {cfg.lr_decay_steps} optimizer steps, "
                         f"more than {MAX_COUNT}; lower --epochs or pass --max-steps (nothing was written)")
-    if warn and cfg.warmup_steps >= cfg.lr_decay_steps:
-        log.warning("--warmup-steps %d%s is not shorter than the learning-rate horizon of %d %s:", cfg.warmup_steps,
-                    "" if warmup_given else " (the default)", cfg.lr_decay_steps, _steps(cfg.lr_decay_steps))
-        log.warning("the learning rate never reaches --learning-rate %g; pass a smaller --warmup-steps",
-                    cfg.learning_rate)
+    if not warn or cfg.warmup_steps < cfg.lr_decay_steps:
+        return
+    if cfg.demo and not warmup_given:  # a short try of the demo: nothing the user chose, nothing to warn about
+        log.info("learning rate: the demo's %d warmup steps outlast the %d-step horizon: it stays below %g",
+                 cfg.warmup_steps, cfg.lr_decay_steps, cfg.learning_rate)
+        return
+    log.warning("--warmup-steps %d%s is not shorter than the learning-rate horizon of %d %s:", cfg.warmup_steps,
+                "" if warmup_given else " (the default)", cfg.lr_decay_steps, _steps(cfg.lr_decay_steps))
+    log.warning("the learning rate never reaches --learning-rate %g; pass a smaller --warmup-steps", cfg.learning_rate)
 
 
 def _steps(count: int) -> str:
     return "step" if count == 1 else "steps"
-
-
-def _demo_warmup(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None) -> TrainConfig:
-    """--demo's own warmup (20 of its 240 steps) takes at most a quarter of a shorter run's horizon, so
-    `--demo --max-steps 4` warms up over 1 step instead of warning about a --warmup-steps nobody gave. Decided
-    on a fresh start and saved with the run: a resume keeps it."""
-    if not cfg.demo or saved is not None or "warmup_steps" in cmd.given:
-        return cfg
-    return replace(cfg, warmup_steps=min(cfg.warmup_steps, cfg.lr_decay_steps // 4))
 
 
 def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str,
