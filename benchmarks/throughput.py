@@ -48,7 +48,7 @@ PATHS = {
 LOG_INTERVAL = 10
 SMOKE = {"rounds": 1, "steps": 4, "threads": 1, "log_interval": 2}
 EFFECTIVE_BATCH = 16
-INTERVAL_LINE = re.compile(r"step (\d+)/\d+ epoch \d+ .* samples/s ([\d.]+)")
+INTERVAL_LINE = re.compile(r"step (\d+)/\d+ grad_norm \S+ samples/s ([\d.]+)")
 
 
 def run_path(work: Path, name: str, steps: int, threads: int, log_interval: int = LOG_INTERVAL) -> tuple[float, float]:

@@ -106,7 +106,7 @@ def test_a_failed_write_keeps_the_old_cache_and_training_goes_on(tmp_path, monke
     before = cache.read_bytes()
     changed = read_manifests(specs, LIMITS, "--train-manifest", cache)
     changed.write = manifest_cache._CacheWrite(cache, "another key", manifest_cache.validate_manifests(
-        specs, LIMITS, "--train-manifest"))
+        specs, LIMITS, "--train-manifest"), changed.fingerprint)
 
     def no_space(fd):
         raise OSError(28, "No space left on device")

@@ -65,6 +65,7 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             if settings.val_interval and progress.step % settings.val_interval == 0 and not last:
                 evaluate(run, tlog, faults)
                 if progress.patience_spent(settings.early_stop_patience):
+                    bar.close()
                     return stop_early(run, tlog)
                 if run.forgetting.stops(run.guard):
                     return stop_forgetting(run, tlog)
@@ -76,9 +77,12 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                 run.checkpoints.wait()
             faults.at("step", progress.step)
             if stopping:
+                bar.close()  # before the last lines: the bar is not drawn again under them
                 log.info("stopped by signal at step %d; resume with --resume auto --output-dir %s", progress.step,
                          run.cfg.run_dir)
                 return stop.exit_status
+    show_on_bar(bar, tlog.flush_interval(progress.step, run.data.epoch, run.total_steps))  # the last steps' lines
+    bar.close()
     return None
 
 
@@ -185,11 +189,16 @@ def log_step(run: Run, tlog: TrainLog, bar: tqdm, plan: StepPlan, metrics: StepM
         log.info("first optimizer step finished %.2f s after process start", time.monotonic() - PROCESS_START)
     tlog.sample_ids(step, plan.epoch, run.data.ids(plan))
     tlog.train_step(step, metrics, lr, result.grad_norm, seconds)
-    bar.update(1)
     if step % run.settings.log_interval == 0:
-        means = tlog.flush_interval(step, plan.epoch, run.total_steps)
-        if means:  # None where nothing is logged (torchrun processes other than rank 0)
-            bar.set_postfix(mel_loss=f"{means['mel_loss']:.3f}", refresh=False)
+        show_on_bar(bar, tlog.flush_interval(step, plan.epoch, run.total_steps))
+    bar.update(1)  # after the postfix: the redraw this update makes shows the interval just logged
+
+
+def show_on_bar(bar: tqdm, means: dict[str, float] | None) -> None:
+    """The progress bar's mel_loss: the last logged interval's (None: nothing logged, as under torchrun
+    processes other than rank 0, or no step since the last line)."""
+    if means:
+        bar.set_postfix(mel_loss=f"{means['mel_loss']:.3f}", refresh=False)
 
 
 def save_unless_skipping(run: Run, tlog: TrainLog, skipped: int) -> None:

@@ -116,15 +116,15 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     try:
         if run.progress.step == 0:
             evaluate(run, tlog, faults)
-        stopped = train_steps(run, tlog, bar, stop, faults)
+        stopped = train_steps(run, tlog, bar, stop, faults)  # closes the bar when the steps end
         if stopped is not None:
             return stopped
-        tlog.flush_interval(run.progress.step, run.data.epoch, run.total_steps)
         evaluate(run, tlog, faults, final=True)
         run.checkpoints.save(run.progress.step)
         run.checkpoints.wait()  # the final save is complete before the trainer says so, or exits
-        log.info("training finished at step %d (epoch %d, step %d of it); to train longer, resume with a larger "
-                 "--max-steps or --epochs", run.progress.step, run.data.epoch, run.data.step_in_epoch)
+        log.info("training finished at step %d (epoch %d, step %d of it)", run.progress.step, run.data.epoch,
+                 run.data.step_in_epoch)
+        log.info("to train longer: --resume auto with a larger --max-steps or --epochs")
         return stop.exit_status if run.world.agree_to_stop(stop) else EXIT_OK  # a signal during the final validation
     except CheckpointWriteError as exc:
         log.error("%s%s", exc, f" (the last checkpoint, {run.checkpoints.newest_name()}, is intact)"

@@ -7,10 +7,11 @@ imports no torch: `--help` and usage errors answer at once.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from trainers.config.bounds import (
     BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
@@ -32,10 +33,50 @@ class CommandLine:
     additional_epochs: int = 0  # --additional-epochs N: N more epochs of data from where the run stands
     scale_lr: str | None = None  # --scale-lr linear|sqrt: the learning rate follows an effective-batch change
     dist_timeout: float | None = None  # --dist-timeout SECONDS: under torchrun, the wait for the other processes
+    tokenizer_check: bool = True  # --no-tokenizer-check turns off the start's check of text ids (trainers/data/tokenizer_fit.py)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in two lines (what is wrong, where --help is) instead of 44 lines of usage, with the flag
+    an unknown one most likely meant (`--learning_rate` -> `--learning-rate`)."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self.suggestions(extras)}")
+        return ns
+
+    def suggestions(self, extras: Sequence[str]) -> str:
+        known = sorted(o for o in self._option_string_actions if o.startswith("--"))
+        meant = []
+        for word in extras:
+            name = word.split("=", 1)[0]
+            if name.startswith("--"):
+                close = _closest_flag(name, known)
+                meant += [(name, close)] if close else []
+        if len(meant) == 1:
+            return f"; did you mean {meant[0][1]}?"
+        return f"; did you mean {', '.join(f'{c} for {n}' for n, c in meant)}?" if meant else ""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"usage: {self.prog} [FLAGS] (--help lists them all)\n{self.prog}: error: {message}\n")
+
+
+def _closest_flag(name: str, known: Sequence[str]) -> str | None:
+    """The flag a mistyped one most likely meant: underscores for dashes, a flag it begins (abbreviations are
+    not accepted: allow_abbrev=False), else the most similar name."""
+    dashed = name.replace("_", "-")
+    if dashed in known:
+        return dashed
+    begun = [k for k in known if k.startswith(dashed)]
+    if begun:
+        return min(begun, key=len)
+    close = difflib.get_close_matches(dashed, known, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="train_gpt_v2.py",
         description="Fine-tune the IndexTTS2 GPT with exact, interruption-proof resume.",
         argument_default=argparse.SUPPRESS,
@@ -83,6 +124,9 @@ def _data_flags(data: argparse._ArgumentGroup, d: TrainConfig) -> None:
     data.add_argument("--val-manifest", dest="val_manifests", action="append", metavar="JSONL[::LANG]",
                       help="validation manifest; repeat for several")
     data.add_argument("--tokenizer", help="SentencePiece model the text ids were made with")
+    data.add_argument("--no-tokenizer-check", dest="no_tokenizer_check", action="store_true",
+                      help="skip the fresh start's check that --tokenizer turns the first manifest lines' text into "
+                           "their stored ids (for a preprocessing with its own text front end)")
     data.add_argument("--config", help=f"IndexTTS2 config.yaml (gpt section) [{d.config}]")
     data.add_argument("--base-checkpoint", help="official gpt.pth (or a raw state dict) to start from")
     data.add_argument("--output-dir", help=f"run directory [{d.output_dir}]")
@@ -285,6 +329,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     data_roots = tuple(ns.pop("data_roots", ()))
     additional, scale_lr = ns.pop("additional_epochs", 0), ns.pop("scale_lr", None)
     dist_timeout = ns.pop("dist_timeout", None)
+    tokenizer_check = not ns.pop("no_tokenizer_check", False)
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
             ns[key] = tuple(_absolute_spec(s) for s in ns[key])
@@ -296,7 +341,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     return CommandLine(given=ns, resume=resume, allow_config_change=allow, force_resume=force,
                        reconfigure_scheduler=reconfigure, rewarm=rewarm, rewarm_lr=rewarm_lr,
                        rewarm_steps=rewarm_steps, data_roots=data_roots, additional_epochs=additional,
-                       scale_lr=scale_lr, dist_timeout=dist_timeout)
+                       scale_lr=scale_lr, dist_timeout=dist_timeout, tokenizer_check=tokenizer_check)
 
 
 def _absolute_spec(spec: str) -> str:

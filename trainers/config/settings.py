@@ -230,7 +230,21 @@ class ConfigChange:
 
     def describe(self) -> str:
         tag = "changes the result" if self.breaks_exactness else "ok"
+        if _is_digest(self.saved) or _is_digest(self.now):  # sha256 digests: 12 digits tell them apart
+            name = FINGERPRINT_NAMES.get(self.key, f"{self.key} (sha256)")
+            return f"{name}: saved {_short(self.saved)}, now {_short(self.now)} ({tag})"
         return f"{self.key}: saved {self.saved!r}, now {self.now!r} ({tag})"
+
+
+FINGERPRINT_NAMES = {"data": "data (the training manifests' sha256)", "model_config": "model_config (its sha256)"}
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _short(value: Any) -> str:
+    return f"{value[:12]}..." if _is_digest(value) else repr(value)
 
 
 def compare(saved: TrainConfig, now: TrainConfig, fingerprints_saved: dict[str, str],

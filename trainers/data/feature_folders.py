@@ -27,24 +27,37 @@ import numpy as np
 RACY_WINDOW_NS = 2_000_000_000  # FAT's granularity; ext4, xfs, btrfs and NFSv4 keep nanoseconds
 
 
+# No .npy file holding an array is shorter: the format pads its header (magic, version, length and the
+# descr/fortran_order/shape dict, itself over 48 bytes) to a multiple of 64 bytes (16 in numpy before 1.14),
+# and the array's bytes follow. A shorter file is empty or cut off in its header, which the stat taken here
+# shows for free; a file cut off later is found when the sample is loaded (trainers.data.features).
+MIN_NPY_BYTES = 64
+
+
 def file_state(path: str) -> tuple[str, bool]:
-    """(what is wrong with `path` or "" for a readable regular file (symlinks followed), whether it is a link)."""
+    """(what is wrong with `path` or "" for a readable regular file (symlinks followed) long enough to be a
+    .npy file, whether it is a link)."""
     try:
-        mode = os.lstat(path).st_mode
-        linked = stat.S_ISLNK(mode)
+        info = os.lstat(path)
+        linked = stat.S_ISLNK(info.st_mode)
         if linked:
-            mode = os.stat(path).st_mode
+            info = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return "file not found", False
     except OSError as exc:
         return f"cannot be reached ({exc.strerror or exc})", False
-    if stat.S_ISDIR(mode):
+    if stat.S_ISDIR(info.st_mode):
         return "is a directory, not a file", linked
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(info.st_mode):
         return "is not a regular file (a device, pipe or socket)", linked
     if not os.access(path, os.R_OK):
         return "is not readable (permission denied)", linked
+    if info.st_size < MIN_NPY_BYTES:
+        return f"{TOO_SHORT} ({info.st_size} bytes; a .npy file is at least {MIN_NPY_BYTES})", linked
     return "", linked
+
+
+TOO_SHORT = "is empty or cut off"
 
 
 def _folder_stat(folder: str) -> tuple[int, int, int, int]:
@@ -83,8 +96,7 @@ def changed_since(folders: list[str], record: dict[str, np.ndarray], linked_path
     horizon = int(record["checked_at"][0]) - RACY_WINDOW_NS
     for folder, saved in zip(folders, stats.tolist()):
         if min(saved[2], saved[3]) >= horizon:  # a change sets both to "now": one older time tells it apart
-            return (f"{folder or '.'} was changed within {RACY_WINDOW_NS // 10**9} s of the last check of the manifests "
-                    "(too recent for its timestamps to show a later change)")
+            return f"{folder or '.'} changed within {RACY_WINDOW_NS // 10**9} s of the last check"
         if _folder_stat(folder) != tuple(saved):
             return f"{folder or '.'} changed (a file was added, removed or renamed)"
     for path in linked_paths:

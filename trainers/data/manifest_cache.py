@@ -43,7 +43,7 @@ from trainers.data.table_file import TableFileError, map_file, read_header, writ
 log = logging.getLogger("train")
 
 CACHE_DIR = "data_cache"
-RULES = 1  # the manifest checks' version: raise it when a check is added or changed
+RULES = 2  # the manifest checks' version: raise it when a check is added or changed (2: .npy too short)
 _FOLDER_ARRAYS = ("folder_stat", "linked_files", "checked_at")
 
 
@@ -71,10 +71,13 @@ class _CacheWrite:
     path: Path
     key: str
     checked: Validated
+    fingerprint: str  # of the manifests checked: a refused resume compares their samples with today's
+    refresh: bool = False  # the reused check with a new record of its folders: said when it was reused
 
     def save(self) -> None:
         started = time.monotonic()
-        meta = {"samples": len(self.checked.table), "duplicates": list(self.checked.duplicates)}
+        meta = {"samples": len(self.checked.table), "duplicates": list(self.checked.duplicates),
+                "fingerprint": self.fingerprint}
         try:
             write_table(self.path, self.checked.table, self.key, meta, self.checked.folders)
         except OSError as exc:
@@ -82,8 +85,9 @@ class _CacheWrite:
                         "checks the manifests again; free disk space or fix the run directory's permissions",
                         self.path, exc.strerror or exc)
             return
-        log.info("validated manifests cached in %s (%d samples, %.2f s); a resume reuses the check", self.path,
-                 len(self.checked.table), time.monotonic() - started)
+        (log.debug if self.refresh else log.info)("manifest check cached in %s (%d samples, %.2f s); a resume "
+                                                  "reuses it", _in_run(self.path), len(self.checked.table),
+                                                  time.monotonic() - started)
 
 
 def cache_key(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str, fingerprint: str) -> str:
@@ -96,25 +100,26 @@ def cache_key(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str, fing
 
 
 def read_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str,
-                   cache: Path | None) -> CheckedManifests:
-    """The checked samples of `specs`: from `cache` when it matches, else checked in full (ManifestError)."""
+                   cache: Path | None, said: set[str] | None = None) -> CheckedManifests:
+    """The checked samples of `specs`: from `cache` when it matches, else checked in full (ManifestError).
+    said: why feature files were stat'ed again, already said by this start (the flags share folders)."""
     try:
         fingerprint = manifests_fingerprint(specs)
     except ManifestError:  # unreadable: the full check says so with the flag and what to do
         fingerprint = ""
     key = cache_key(specs, limits, flag, fingerprint) if fingerprint and cache is not None else ""
     if key:
-        reused = _reuse(cache, key)
+        reused = _reuse(cache, key, set() if said is None else said)
         if reused is not None:
-            return CheckedManifests(reused.table, fingerprint, _CacheWrite(cache, key, reused)
+            return CheckedManifests(reused.table, fingerprint, _CacheWrite(cache, key, reused, fingerprint, True)
                                     if reused.folders is not None else None)
     checked = validate_manifests(specs, limits, flag)
     warn_duplicate_ids(checked.table, checked.duplicates)
-    return CheckedManifests(checked.table, fingerprint or manifests_fingerprint(specs),
-                            _CacheWrite(cache, key, checked) if key else None)
+    fingerprint = fingerprint or manifests_fingerprint(specs)
+    return CheckedManifests(checked.table, fingerprint, _CacheWrite(cache, key, checked, fingerprint) if key else None)
 
 
-def _reuse(path: Path, key: str) -> Validated | None:
+def _reuse(path: Path, key: str, said: set[str]) -> Validated | None:
     """The cached check if it holds (folders None: the cache is current, else the refreshed folder record)."""
     try:
         header, _ = read_header(path)
@@ -134,19 +139,27 @@ def _reuse(path: Path, key: str) -> Validated | None:
     reused = Validated(table, (duplicates[0], duplicates[1]), None)
     folders = table.folders.strings()
     why = changed_since(folders, record, [table.path(int(k)) for k in record["linked_files"]])
+    again = "feature folders unchanged"
     if why is not None:
-        reused.folders = _recheck_files(table, folders, why)
+        if why not in said:  # once per start: the flags' manifests often share their feature folders
+            log.info("stat'ing the feature files again: %s", why)
+            said.add(why)
+        reused.folders = _recheck_files(table, folders)
         if reused.folders is None:
             return None
+        again = f"{len(table.files)} files re-checked"
     warn_duplicate_ids(table, reused.duplicates)
-    log.info("manifests: reusing the check of %d samples from %s (same manifest bytes and limits%s)", len(table),
-             path, "" if why else ", feature folders unchanged")
+    log.info("manifests: reusing the check of %d samples (%s; %s)", len(table), _in_run(path), again)
     return reused
 
 
-def _recheck_files(table: SampleTable, folders: list[str], why: str) -> dict[str, np.ndarray] | None:
+def _in_run(path: Path) -> str:
+    """The cache's name in the run directory (named by the start-up summary), as the log says it."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def _recheck_files(table: SampleTable, folders: list[str]) -> dict[str, np.ndarray] | None:
     """Stat every feature file again; the new folder record, or None when one is missing (full check)."""
-    started = time.monotonic()
     record = FolderRecord()
     for folder in folders:
         record.note(folder)  # before the files, as in the full check
@@ -155,12 +168,11 @@ def _recheck_files(table: SampleTable, folders: list[str], why: str) -> dict[str
         path = table.path(k)
         problem, linked = file_state(path)
         if problem:
-            log.info("%s; a feature file changed (%s %s): checking the manifests in full", why, path, problem)
+            log.info("a feature file changed (%s %s): checking the manifests in full", path, problem)
             return None
         if linked:
             record.linked.append(path)
         index[path] = k
-    log.info("%s: checked the %d feature files again in %.2f s", why, len(table.files), time.monotonic() - started)
     return record.arrays(folders, index)
 
 

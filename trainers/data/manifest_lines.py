@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from trainers.data.feature_folders import FolderRecord, file_state
+from trainers.data.feature_folders import TOO_SHORT, FolderRecord, file_state
 from trainers.data.sample_table import TableBuilder
 from trainers.model.layout import PREFIX_LEN
 
@@ -198,6 +198,8 @@ def _path_problem(key: str, value: Any, ctx: FileContext) -> tuple[str | None, s
     path, problem = ctx.feature(value)
     if not problem:
         return path, None
+    if problem.startswith(TOO_SHORT):  # the path is right, the file is not
+        return None, f"{key} {path} {problem}; extract this feature again, or drop the line"
     outside = os.path.isabs(value) or os.path.relpath(path, ctx.base).split(os.sep)[0] == os.pardir
     where = (f"it is outside the manifest folder {ctx.base}, which is allowed only for an existing regular file"
              if outside else f"relative paths are resolved from the manifest folder {ctx.base}")

@@ -66,6 +66,11 @@ class StringPool:
     def strings(self) -> list[str]:
         return [self[k] for k in range(len(self))]
 
+    def as_bytes(self, indices: Sequence[int] | None = None) -> list[bytes]:
+        """The strings (or those at `indices`) undecoded, for comparing: no decoding, no str per string."""
+        blob, offsets = self.data.tobytes(), self.offsets.tolist()
+        return [blob[offsets[k]: offsets[k + 1]] for k in (range(len(self)) if indices is None else indices)]
+
 
 class PoolBuilder:
     """Appends strings to a pool; with `dedupe`, a string seen before gets its first index back."""

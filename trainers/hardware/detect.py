@@ -121,6 +121,22 @@ def _cpu_cores() -> int:
 
 
 
+def busy_cpu_note(machine: Hardware, threads: int) -> list[str]:
+    """On a CPU other work keeps busy (the 1-minute load average above the machine's cores), torch's intra-op
+    threads wait for each other at every operation: a user reported the demo taking 221 s with the default
+    threads and 34 s with one on a loaded 2-core VM. There is no --threads flag: OMP_NUM_THREADS, read when torch
+    starts, sets it. Returns the lines to warn with (none on a GPU, with one thread, or an idle CPU)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return []
+    cores = os.cpu_count() or 1
+    if machine.is_cuda or threads <= 1 or load <= cores:
+        return []
+    return [f"the CPU is busy: load average {load:.1f} on {cores} cores, and torch computes on {threads} threads,",
+            "which then wait for each other: OMP_NUM_THREADS=1 (set before starting) can be several times faster"]
+
+
 def auto_workers(machine: Hardware) -> tuple[int, str]:
     """Loader processes for --num-workers 0 (auto)."""
     if machine.gpu is None:

@@ -17,10 +17,12 @@ import torch
 from trainers.config.config_yaml import read_config_yaml
 from trainers.config.settings import BASE_FINGERPRINT, TrainConfig
 from trainers.data.feature_fit import check_features_fit
+from trainers.data.held_out import refuse_same_file, warn_overlap
 from trainers.data.manifest import ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
 from trainers.data.mixing import Mixing, build_mixing, manifest_specs
 from trainers.data.sample_table import SampleTable
+from trainers.data.tokenizer_fit import check_text_ids
 from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config
 from trainers.files import dict_sha256, file_sha256, os_error_in_chain
@@ -133,8 +135,9 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     try:
         train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
-        train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"))
-        val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"))
+        said: set[str] = set()  # the flags' manifests often share feature folders: why they are stat'ed, said once
+        train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"), said)
+        val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"), said)
                if val_specs else None)
     except ManifestError as exc:
         raise UserError(f"the manifests have problems; nothing was trained:\n{exc}") from None
@@ -169,6 +172,18 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
                             report_unknown=False, layout=family.layout)  # said once, when the weights are loaded
     return RunInputs(model_yaml, gpt, train.table, val.table if val else None, fingerprints, base_state,
                      (train, *([val] if val else [])), family, mixing)
+
+
+def check_fresh_data(cfg: TrainConfig, inputs: RunInputs, tokenizer_check: bool = True) -> None:
+    """The checks of a fresh start (a resume holds its data and tokenizer to the run's fingerprints instead):
+    validation held out from training, and text ids that --tokenizer makes."""
+    train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
+    val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
+    refuse_same_file(train_specs, val_specs)
+    if inputs.val_samples is not None:
+        warn_overlap(inputs.train_samples, inputs.val_samples)
+    if tokenizer_check:
+        check_text_ids([*train_specs, *val_specs], cfg.tokenizer)
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:

@@ -30,7 +30,7 @@ from trainers.model.gpt_model import GPTConfig
 from trainers.model.vocabulary import Vocabulary
 from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
-    DEMO_DATA_DIR, RunInputs, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
+    DEMO_DATA_DIR, RunInputs, check_fresh_data, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
 )
 from trainers.run.lora_branch import is_lora_branch, start_lora_branch
 from trainers.run.portable import locate_inputs
@@ -94,6 +94,8 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
                          read_base=not (saved and saved.checkpoint) or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
+    if not (saved and saved.checkpoint):
+        check_fresh_data(settings, inputs, cmd.tokenizer_check)
     if saved and saved.checkpoint:
         base_tokens = saved.checkpoint.base_text_tokens
     elif inputs.base_state is not None:
@@ -103,11 +105,13 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     vocab = Vocabulary(text_tokens, base_tokens)
     freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
     n_train = _samples_per_epoch(settings, inputs.epoch_samples, inputs.mixing is not None)
+    if inputs.mixing is None:  # with replay shares the mixing's own checks say what a step can hold
+        settings = _batch_within_data(settings, n_train)
     per_step = inputs.epoch_batch or settings.effective_batch  # with replay mixing: the target samples of a step
     settings = _additional_epochs(cmd, settings, saved, n_train, per_step)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train, per_step))
-    check_horizon(train, n_train)
+    check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
@@ -142,6 +146,21 @@ def _samples_per_epoch(cfg: TrainConfig, available: int, mixed: bool = False) ->
         raise UserError(f"--train-samples {cfg.train_samples}: the {which} hold {available} samples; pass "
                         f"at most {available} (0 uses all of them)")
     return cfg.train_samples or available
+
+
+def _batch_within_data(cfg: TrainConfig, n_train: int) -> TrainConfig:
+    """An effective batch larger than the training samples: every step holds all of them (one step per epoch),
+    which is exactly what an effective batch of that many trains: the same samples and micro-batches at every
+    step, the same schedule (tests/test_data_mistakes.py). The run takes that number, so the batch it logs and
+    saves is the one a step holds, and a resume given the larger number again agrees with it."""
+    if cfg.effective_batch <= n_train:
+        return cfg
+    of = f"--train-samples {cfg.train_samples}" if cfg.train_samples else "the training manifests"
+    log.warning("--effective-batch %d is more than the %d training samples (%s): every step holds all %d, one step "
+                "per epoch", cfg.effective_batch, n_train, of, n_train)
+    log.warning("training with effective batch %d: every step trains the same samples; pass --effective-batch %d "
+                "(or add data) to silence this", n_train, n_train)
+    return replace(cfg, effective_batch=n_train)
 
 
 def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None, n_train: int,
@@ -189,15 +208,25 @@ def planned_steps(cfg: TrainConfig, num_samples: int, per_step: int | None = Non
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
-def check_horizon(cfg: TrainConfig, num_samples: int) -> None:
-    """The derived learning-rate horizon is saved with the run: keep it inside the range a resume accepts."""
+def check_horizon(cfg: TrainConfig, num_samples: int, warn: bool = True, warmup_given: bool = True) -> None:
+    """The derived learning-rate horizon is saved with the run: keep it inside the range a resume accepts.
+    warn: say (on a fresh start; a resume keeps the saved schedule) when the warmup never ends."""
     if cfg.lr_decay_steps > MAX_COUNT:
         raise UserError(f"--epochs {cfg.epochs} over {num_samples} samples is {cfg.lr_decay_steps} optimizer steps, "
                         f"more than {MAX_COUNT}; lower --epochs or pass --max-steps (nothing was written)")
-    if cfg.warmup_steps >= cfg.lr_decay_steps:
-        log.warning("--warmup-steps %d is not shorter than the learning-rate horizon of %d steps: the learning rate "
-                    "never reaches its peak --learning-rate %g; lower --warmup-steps", cfg.warmup_steps,
-                    cfg.lr_decay_steps, cfg.learning_rate)
+    if not warn or cfg.warmup_steps < cfg.lr_decay_steps:
+        return
+    if cfg.demo and not warmup_given:  # a short try of the demo: nothing the user chose, nothing to warn about
+        log.info("learning rate: the demo's %d warmup steps outlast the %d-step horizon: it stays below %g",
+                 cfg.warmup_steps, cfg.lr_decay_steps, cfg.learning_rate)
+        return
+    log.warning("--warmup-steps %d%s is not shorter than the learning-rate horizon of %d %s:", cfg.warmup_steps,
+                "" if warmup_given else " (the default)", cfg.lr_decay_steps, _steps(cfg.lr_decay_steps))
+    log.warning("the learning rate never reaches --learning-rate %g; pass a smaller --warmup-steps", cfg.learning_rate)
+
+
+def _steps(count: int) -> str:
+    return "step" if count == 1 else "steps"
 
 
 def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str,

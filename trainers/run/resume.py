@@ -8,6 +8,9 @@ from trainers.checkpoint import schema
 from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.config.flags import CommandLine
 from trainers.config.settings import TrainConfig, compare, saved_settings
+from trainers.data.manifest_cache import cache_path
+from trainers.data.manifest_changes import consequence, describe_changes, saved_samples
+from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.hardware.detect import library_versions
 from trainers.run.resolve import RunConfig
@@ -15,11 +18,13 @@ from trainers.run.resolve import RunConfig
 log = logging.getLogger("train")
 
 
-def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path, cmd: CommandLine) -> list[str]:
+def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path, cmd: CommandLine,
+                            train_samples: SampleTable | None = None) -> list[str]:
     """Log every difference from the saved run; stop on those that would change the result.
 
     Runs before the model is built, so a wrong flag costs seconds and touches nothing. Returns
-    the differences, described, for the run's history.
+    the differences, described, for the run's history. `train_samples`: today's, to say how the
+    training manifests changed when their fingerprint did.
     """
     saved = TrainConfig.from_dict(saved_settings(ckpt.settings))
     changes = compare(saved, cfg.settings, ckpt.fingerprints, cfg.fingerprints)
@@ -28,10 +33,13 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     breaking = [c for c in changes if c.breaks_exactness]
     # Another --lora-rank changes what the checkpoint must hold: no flag makes its model section fit this model.
     rank_change = any(c.key == "lora_rank" for c in breaking)
+    data = _data_change(cfg, ckpt, train_samples) if any(c.key == "data" for c in breaking) else []
     if not breaking or (cmd.allow_config_change and not rank_change):
+        for line in data:
+            log.warning("%s", line.strip())
         return [c.describe() for c in changes]
     lines = [f"resuming {path} with these changes would not reproduce the uninterrupted run:",
-             *[f"  {c.describe()}" for c in breaking]]
+             *[f"  {c.describe()}" for c in breaking], *(f"  {line}" for line in data)]
     if any(c.key == "tokenizer" for c in breaking):
         lines.append(
             f"  the tokenizer file differs from the one this run was trained with: the manifests' text ids and the "
@@ -67,6 +75,15 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
                  "hold other tensors)" if rank_change else
                  "restore the original flags/files, or pass --allow-config-change to continue anyway")
     raise UserError("\n".join(lines))
+
+
+def _data_change(cfg: RunConfig, ckpt: schema.Checkpoint, now: SampleTable | None) -> list[str]:
+    """How the training samples changed (when the run's manifest cache still holds the saved ones), and what
+    continuing means for exactness."""
+    before = saved_samples(cache_path(cfg.run_dir, "--train-manifest"), ckpt.fingerprints.get("data", ""))
+    described = describe_changes(before, now) if before is not None and now is not None else [
+        "the training manifests' bytes changed since the checkpoint (their samples then are not at hand to compare)"]
+    return [*described, *consequence(ckpt.step, ckpt.epoch)]
 
 
 def restore(checkpoints: Checkpointer, ckpt: schema.Checkpoint, path: Path, force_resume: bool) -> None:

@@ -58,6 +58,8 @@ class SavedRun:
 def run_dir_of(cmd: CommandLine) -> Path:
     """The run directory the command names, from its flags alone (nothing is read from it)."""
     given_dir = cmd.given.get("output_dir")
+    if given_dir:  # the default directory is checked below, once it is known
+        refuse_non_directory(Path(given_dir))
     if cmd.resume == "best":
         return Path(given_dir or os.path.abspath(TrainConfig.output_dir))
     if cmd.resume not in (None, "auto"):
@@ -66,7 +68,9 @@ def run_dir_of(cmd: CommandLine) -> Path:
             raise UserError(f"--resume {cmd.resume}: no such file; use --resume auto to continue OUTPUT_DIR/latest.pth")
         return Path(given_dir) if given_dir else path.resolve().parent
     default_dir = DEMO_OUTPUT_DIR if cmd.given.get("demo") else TrainConfig.output_dir
-    return Path(given_dir or os.path.abspath(default_dir))
+    run_dir = Path(given_dir or os.path.abspath(default_dir))
+    refuse_non_directory(run_dir)
+    return run_dir
 
 
 def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
@@ -85,6 +89,19 @@ def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
             "or choose another --output-dir (nothing was changed)"
         )
     return run_dir, None
+
+
+def refuse_non_directory(run_dir: Path) -> None:
+    """--output-dir must be a directory or a path where one can be made: a file there (or in place of one of
+    its parents) is named as such, before anything is read or written, instead of the system's "File exists"."""
+    for path in (run_dir, *run_dir.parents):
+        if path.is_dir():
+            return
+        if os.path.lexists(path):
+            what = "a file, not a directory" if path.is_file() else "not a directory (a broken link, a device, a pipe)"
+            where = f"is {what}" if path == run_dir else f"cannot be made: {path} is {what}"
+            raise UserError(f"--output-dir {run_dir} {where}; pass a directory for the run (it is created if "
+                            "missing), e.g. a new name; nothing was written")
 
 
 def warn_new_run(run_dir: Path, existed: bool = True) -> None:
@@ -280,9 +297,9 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
     missing = missing_inference_keys(data)
     if missing and not demo:  # the demo's tiny model is not for inference
-        log.info("%s lacks keys IndexTTS2 inference reads (%s): --config is a trimmed config, enough for training; "
-                 "to export, pass tools/export_checkpoint.py --config with the full config.yaml from your IndexTTS2 "
-                 "checkpoints folder", path, ", ".join(missing))
+        log.info("%s lacks keys IndexTTS2 inference reads (%s): a trimmed --config, enough for training", path,
+                 ", ".join(missing))
+        log.info("to export: tools/export_checkpoint.py --config with the full config.yaml of your IndexTTS2 model")
     bpe = (data.get("dataset") or {}).get("bpe_model")
     if extended and bpe and Path(bpe).name != Path(tokenizer).name:
         log.info("for inference, point dataset.bpe_model in %s (now %s) at the extended tokenizer %s", path, bpe,

@@ -22,7 +22,7 @@ from trainers.data.loader import StepLoader
 from trainers.errors import CheckpointWriteError
 from trainers.data.train_data import TrainData
 from trainers.hardware.cuda_alloc import allocator_line
-from trainers.hardware.detect import Hardware, detect_hardware, pick_device
+from trainers.hardware.detect import Hardware, busy_cpu_note, detect_hardware, pick_device
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.hardware.precision import AmpChoice, choose_amp
@@ -158,7 +158,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     cfg, inputs, resume = resolution.cfg, resolution.inputs, resolution.resume
     run_dir = cfg.run_dir
     ckpt = resume.checkpoint if resume else None
-    changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd) if ckpt else []
+    changes = refuse_breaking_changes(cfg, ckpt, resume.path, cmd, inputs.train_samples) if ckpt else []
     if cfg.settings.sample_interval and cfg.settings.val_manifests:
         refuse_unusable_folder(run_dir)
 
@@ -226,11 +226,20 @@ def disk_room(cfg: RunConfig, weights: GPTWeights, validates: bool, total: int, 
     return DiskRoom(cfg.run_dir, cfg.settings.keep_checkpoints, validates, size, total, cfg.settings.save_interval)
 
 
+def count_text(n: int) -> str:
+    """A count in three significant figures: 950, 12.3K, 1.23M, 1.5B (a LoRA run of a small model trains
+    thousands, which "0.0M" hid)."""
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= 0.9995 * size:  # 999,600 is 1M, not 1e+03K
+            return f"{n / size:.3g}{unit}"
+    return str(n)
+
+
 def log_summary(run: Run) -> None:
     cfg, vocab, plan = run.cfg.settings, run.cfg.vocab, run.hardware
     n_train = sum(p.numel() for p in run.optim.params)
-    log.info("model: %d layers, dim %d, %d text tokens; %.1fM trained parameters, %d carried tensors",
-             run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, n_train / 1e6,
+    log.info("model: %d layers, dim %d, %d text tokens; %s trained parameters, %d carried tensors",
+             run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, count_text(n_train),
              len(run.weights.carried))
     if run.optim.frozen:
         log.info("vocabulary: %d text tokens, base %d; the %d base rows of text_embedding and text_head are frozen "
@@ -240,26 +249,29 @@ def log_summary(run: Run) -> None:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
     log.info("hardware: %s", plan.machine.describe())
+    for line in busy_cpu_note(plan.machine, torch.get_num_threads()):
+        log.warning("%s", line)
     if plan.machine.is_cuda:
         log.info("%s", allocator_line(os.environ))
     if run.world.distributed:
         split = batch_summary(run.world, cfg.effective_batch, plan.split.micro_batch, plan.split.accumulation)
-        log.info("batch: %s (%s; process r takes samples r, r+%d, r+%d, ... of each step); %d steps per epoch, "
-                 "%s order", split, plan.split.reason, run.world.size, 2 * run.world.size, run.data.steps_per_epoch,
-                 cfg.data_order)
+        log.info("batch: %s (%s)", split, plan.split.reason)
+        log.info("batch: process r takes samples r, r+%d, r+%d, ... of each step", run.world.size, 2 * run.world.size)
     else:
-        log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s); %d steps per epoch, %s order",
-                 cfg.effective_batch, plan.split.micro_batch, plan.split.accumulation, plan.split.reason,
-                 run.data.steps_per_epoch, cfg.data_order)
+        log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s)", cfg.effective_batch,
+                 plan.split.micro_batch, plan.split.accumulation, plan.split.reason)
+    steps = run.data.steps_per_epoch
+    log.info("epoch: %d step%s, %s order", steps, "" if steps == 1 else "s", cfg.data_order)
     amp = AmpChoice(plan.amp_dtype, plan.amp_reason)
-    log.info("data workers %d (%s); amp %s (%s); TF32 %s", plan.num_workers, plan.workers_reason, amp.name, amp.reason,
+    log.info("data workers %d (%s)", plan.num_workers, plan.workers_reason)
+    log.info("amp %s (%s); TF32 %s", amp.name, amp.reason,
              "on" if plan.tf32 else "off" + (" (--no-tf32)" if plan.machine.is_cuda and not cfg.tf32 else ""))
     if cfg.deterministic:
         gpt = run.cfg.gpt
         log_determinism(plan.machine, plan.amp_dtype, gpt.heads, gpt.model_dim // gpt.heads,
                         run.model.prefix_len + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
-    past_end = f"; the floor {schedule.floor:.4g} from step {schedule.end_step} on" \
-        if run.total_steps > schedule.end_step else ""
-    log.info("run directory %s; training to step %d; learning rate: %s%s", run.cfg.run_dir, run.total_steps,
-             schedule.describe(), past_end)
+    log.info("run directory %s", run.cfg.run_dir)
+    log.info("training to step %d; learning rate: %s", run.total_steps, schedule.describe())
+    if run.total_steps > schedule.end_step:
+        log.info("learning rate: the floor %.4g from step %d on", schedule.floor, schedule.end_step)

@@ -54,7 +54,7 @@ class WarmupCosine:
         return _cosine(self.base_lr, self.floor, (step - self.warmup_steps) / span)
 
     def describe(self) -> str:
-        warmup = f"warmup {self.warmup_steps} steps to {self.base_lr:.4g}, " if self.warmup_steps else \
+        warmup = f"warmup {_steps(self.warmup_steps)} to {self.base_lr:.4g}, " if self.warmup_steps else \
             f"{self.base_lr:.4g}, "
         if self.decay_steps <= self.warmup_steps:
             return f"{warmup}then {self.floor:.4g} from step {self.end_step} (the warmup is not shorter than the " \
@@ -106,10 +106,14 @@ class Rewarm:
 
     def describe(self) -> str:
         return (f"from step {self.start_step} a re-warm from {self.start_lr:.4g} to {self.peak_lr:.4g} over "
-                f"{self.warmup_steps} steps, cosine to {self.floor:.4g} at step {self.end_step} (--rewarm)")
+                f"{_steps(self.warmup_steps)}, cosine to {self.floor:.4g} at step {self.end_step} (--rewarm)")
 
 
 Extension = Union[Continuation, Rewarm]
+
+
+def _steps(count: int) -> str:
+    return f"{count} step" + ("" if count == 1 else "s")
 
 
 def _extension_from_state(state: dict[str, Any]) -> Extension:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import sys
 import threading
 import time
@@ -175,6 +176,7 @@ class TrainLog:
         if self.record_sample_ids:
             _truncate_sample_ids(self.sample_ids_path, self.start_step)
         self._pending: list[tuple[int, StepMetrics, float, float, float]] = []  # steps not yet in TensorBoard
+        self.started = time.monotonic()  # this invocation's training: its elapsed time and pace
 
     def train_step(self, step: int, metrics: StepMetrics, lr: float, grad_norm: float, seconds: float) -> None:
         """Keep a step's metrics (on the device) until they are written: no synchronisation per step.
@@ -196,7 +198,9 @@ class TrainLog:
 
     @_io_errors_stop_the_run
     def flush_interval(self, step: int, epoch: int, total_steps: int) -> dict[str, float] | None:
-        """Write the kept steps and the interval's log line; returns the interval's means."""
+        """Write the kept steps and the interval's two log lines (its losses; its pace, elapsed time and an
+        estimate of the time left, which a log without a terminal has no progress bar for); returns the
+        interval's means."""
         self.write_steps()
         interval = self.interval
         if not interval.steps:
@@ -204,10 +208,13 @@ class TrainLog:
         means = interval.metrics.means()
         lr, grad_norm = interval.lr, interval.grad_norm
         rate = interval.metrics.samples / max(interval.seconds, 1e-9)
-        log.info(
-            "step %d/%d epoch %d text_loss %.4f mel_loss %.4f mel_top1 %.4f lr %.3e grad_norm %.3f samples/s %.1f",
-            step, total_steps, epoch, means["text_loss"], means["mel_loss"], means["mel_top1"], lr, grad_norm, rate,
-        )
+        log.info("step %d/%d epoch %d text_loss %.4f mel_loss %.4f mel_top1 %.4f lr %.3e", step, total_steps, epoch,
+                 means["text_loss"], means["mel_loss"], means["mel_top1"], lr)
+        elapsed = time.monotonic() - self.started
+        done = step - self.start_step  # this invocation's steps: their pace, validations and saves included
+        left = elapsed / done * (total_steps - step) if done > 0 else math.nan
+        log.info("step %d/%d grad_norm %.3f samples/s %.1f elapsed %s eta %s", step, total_steps, grad_norm, rate,
+                 clock_text(elapsed), clock_text(left))
         self.history.append({"kind": "train", "step": step, "epoch": epoch, **means, "lr": lr, "grad_norm": grad_norm})
         interval.clear()
         return means
@@ -288,6 +295,14 @@ class TrainLog:
             log.debug("closing the TensorBoard writer: %s", exc)
         finally:
             self._quiet.restore()
+
+
+def clock_text(seconds: float) -> str:
+    """H:MM:SS (hours not bounded), or ? when not known."""
+    if not math.isfinite(seconds):
+        return "?"
+    whole = int(round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def _after_the_newest_event_file(logs: Path) -> None:

@@ -1,23 +1,19 @@
 """IndexTTS2's text front end and the SentencePiece model that turns its output into text ids.
 
-front_end() is what IndexTTS2's TextTokenizer.encode applies before SentencePiece, language
-normalisation aside (SKIPPED_NORMALISATION says why); Tokenizer encodes manifest texts through
-it, and load_tokenizer() refuses a model that can emit the start/stop text ids.
+front_end() (trainers/data/text_front_end.py) is what IndexTTS2's TextTokenizer.encode applies before
+SentencePiece, language normalisation aside (SKIPPED_NORMALISATION says why); Tokenizer encodes manifest
+texts through it, and load_tokenizer() refuses a model that can emit the start/stop text ids.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import sentencepiece as spm
 
+from trainers.data.text_front_end import front_end
 from trainers.tools.tokenizer.retokenize_errors import Refusal
-
-CJK_RANGES = ((0x1100, 0x11FF), (0x2E80, 0xA4CF), (0xA840, 0xD7AF), (0xF900, 0xFAFF),
-              (0xFE30, 0xFE4F), (0xFF65, 0xFFDC), (0x20000, 0x2FFFF))
-_CJK_CHAR = re.compile("([" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in CJK_RANGES) + "])")
 
 SKIPPED_NORMALISATION = (
     "language normalisation SKIPPED: IndexTTS2's TextNormalizer (WeTextProcessing for en/zh: numbers, dates, "
@@ -26,23 +22,6 @@ SKIPPED_NORMALISATION = (
 APPLIED_FRONT_END = (
     "front end applied: empty text -> no ids; a single (stripped) character encoded as is; otherwise the CJK "
     "pre-tokeniser (strip, split around CJK characters, UPPER-CASE, join with single spaces), then SentencePiece")
-
-
-# ----------------------------------------------------------------------------- front end
-
-def pre_tokenize(text: str) -> str:
-    """IndexTTS2's CJK pre-tokeniser: every CJK character its own word, parts upper-cased."""
-    parts = (part.strip() for part in _CJK_CHAR.split(text.strip()))
-    return " ".join(part.upper() for part in parts if part)
-
-
-def front_end(text: str) -> str:
-    """The string IndexTTS2 hands to SentencePiece for ``text``, language normalisation aside."""
-    if not text:
-        return ""
-    if len(text.strip()) == 1:
-        return text  # as is: not stripped, not upper-cased
-    return pre_tokenize(text)
 
 
 # ----------------------------------------------------------------------------- tokenizer
