@@ -93,7 +93,8 @@ def demo_assets(root: Path) -> tuple[Path, Path, Path, GPTConfig]:
 def two_language_corpus(demo: Path, out: Path, gpt: GPTConfig) -> dict[str, Path]:
     """Manifests of a "base" and a "new" language made from the demo corpus in `demo`, written to `out`:
     {"base_train", "new_train", "base_val", "new_val"}. The new language's text ids are permuted (the
-    specials kept) and its codes shifted by half the code range; its feature files go to out/features."""
+    specials kept), its text left out (the demo tokenizer does not make those ids from it) and its codes shifted by
+    half the code range; its feature files go to out/features."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "features").mkdir(exist_ok=True)
     rng = np.random.Generator(np.random.PCG64(20260))
@@ -111,6 +112,10 @@ def two_language_corpus(demo: Path, out: Path, gpt: GPTConfig) -> dict[str, Path
                 row["language"] = lang
                 if lang == "new":
                     row["id"] = f"new_{row['id']}"
+                    # Its permuted ids stand for a language of their own, which the demo tokenizer does not write:
+                    # the text that made the original ids is not this line's (the start's tokenizer check reads it).
+                    for key in ("text", "target_text"):
+                        row.pop(key, None)
                     for key, change in ((text_key, lambda a: ids[a]), (codes_key, lambda a: (a + codes // 2) % codes)):
                         source = Path(row[key])
                         target = out / "features" / f"new_{source.name}"
