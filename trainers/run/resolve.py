@@ -23,6 +23,7 @@ from trainers.config.settings import (
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
+from trainers.families.checks import refuse_other_tokenizer
 from trainers.hardware.detect import library_versions
 from trainers.model.demo_base import BASE_NAME
 from trainers.model.gpt_model import GPTConfig
@@ -76,7 +77,9 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = located.settings
     model_yaml = read_model_yaml(settings.config)
     family = run_family(model_yaml, saved, settings.config)
+    settings = _demo_tokenizer(settings, family, cmd, run_dir)
     ensure_demo_inputs(settings, model_yaml, family)
+    refuse_other_tokenizer(family, settings.tokenizer, settings.config)
     text_tokens = family.tokenizer.size(settings.tokenizer)
     lora_branch = None
     if is_lora_branch(settings, saved, run_dir):
@@ -121,6 +124,15 @@ def run_family(model_yaml: dict[str, Any], saved: SavedRun | None, config: str) 
             raise UserError(f"--config {config} is a config of {family.title}, but {saved.path} is a checkpoint of "
                             f"{trained.title}: resume with the config of the model it trains (nothing was written)")
     return family
+
+
+def _demo_tokenizer(settings: TrainConfig, family: ModelFamily, cmd: CommandLine, run_dir: Path) -> TrainConfig:
+    """--demo's tokenizer is its family's file of the demo folder (merge_settings names IndexTTS2's before the
+    config is read)."""
+    default = run_dir / DEMO_DATA_DIR / TOKENIZER_NAME
+    if not settings.demo or "tokenizer" in cmd.given or Path(settings.tokenizer or "") != default:
+        return settings
+    return replace(settings, tokenizer=str(default.with_name(family.demo_tokenizer_name)))
 
 
 def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
