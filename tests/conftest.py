@@ -49,6 +49,20 @@ def demo_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> list
     return demo_flags(Path(tmp_path_factory.mktemp("demo_assets")))
 
 
+@pytest.fixture(scope="session")
+def demo25_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> list[str]:
+    """Flags naming the IndexTTS-2.5 demo's config, corpus, tokenizer and base, generated once per session."""
+    from tests.demo_runs import demo25_flags
+
+    return demo25_flags(Path(tmp_path_factory.mktemp("demo25_assets")))
+
+
+@pytest.fixture(params=["indextts2", "indextts25"])
+def family_assets(request: pytest.FixtureRequest) -> list[str]:
+    """The demo assets of each model family in turn: tests taking it run over both (IndexTTS2, IndexTTS-2.5)."""
+    return request.getfixturevalue("demo_assets" if request.param == "indextts2" else "demo25_assets")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "benchmark_smokes(*scripts): the test reads these benchmarks' small modes "
                             "(tests/benchmark_smokes.py); without scripts, the one its `script` parameter names")

@@ -41,6 +41,21 @@ def demo_flags(root: Path) -> list[str]:
             "--tokenizer", str(corpus.tokenizer), "--base-checkpoint", str(base)]
 
 
+DEMO25_CONFIG = REPO / "checkpoints" / "demo25.yaml"
+
+
+def demo25_flags(root: Path) -> list[str]:
+    """Flags naming the IndexTTS-2.5 demo's corpus, tokenizer and base under `root`, and its config."""
+    from trainers.families import FAMILIES
+
+    family = FAMILIES["indextts25"]
+    gpt = family.read_config(yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"])
+    family.make_demo(root, gpt)
+    return ["--demo", "--config", str(DEMO25_CONFIG), "--train-manifest", str(root / "train.jsonl"),
+            "--val-manifest", str(root / "val.jsonl"), "--tokenizer", str(root / family.demo_tokenizer_name),
+            "--base-checkpoint", str(root / "base_gpt.pth")]
+
+
 def small_corpus_flags(folder: Path) -> list[str]:
     """A copy of the small corpus of tests/fixtures/v1_run (24 + 8 samples, a 1-layer config) in
     `folder`, and the flags naming it: for runs of a few seconds that need no demo assets."""
