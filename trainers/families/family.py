@@ -56,6 +56,7 @@ class ModelFamily:
     # The tokenizer's file name in an export: None keeps the run's own (inference reads it from the config key
     # above); a name where inference opens a fixed one.
     export_tokenizer_name: str | None = None
+    inference_name: str = "IndexTTS2"  # upstream's inference, as messages name it
 
     def holds_state(self, keys: Collection[str]) -> bool:
         """Whether a state dict with these keys is one of this family's (by its signature)."""

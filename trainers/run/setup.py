@@ -188,7 +188,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
 
     if world.is_main:
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo)
+                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, cfg.family)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
                if ds else None for ds in (data.dataset, val_set)]

@@ -56,4 +56,5 @@ FAMILY = ModelFamily(
     state_signature=("spk_emb_proj.weight", "lang_embedding.weight"),
     demo_tokenizer_name=TOKENIZER_NAME,
     export_tokenizer_name=UPSTREAM_NAME,
+    inference_name="IndexTTS-2.5",
 )
