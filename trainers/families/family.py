@@ -57,6 +57,7 @@ class ModelFamily:
     # above); a name where inference opens a fixed one.
     export_tokenizer_name: str | None = None
     inference_name: str = "IndexTTS2"  # upstream's inference, as messages name it
+    demo_output_dir: str = "runs/demo"  # --demo's run directory when --output-dir is not given
 
     def holds_state(self, keys: Collection[str]) -> bool:
         """Whether a state dict with these keys is one of this family's (by its signature)."""

@@ -61,8 +61,22 @@ def run_dir_of(cmd: CommandLine) -> Path:
         if not path.is_file():
             raise UserError(f"--resume {cmd.resume}: no such file; use --resume auto to continue OUTPUT_DIR/latest.pth")
         return Path(given_dir) if given_dir else path.resolve().parent
-    default_dir = DEMO_OUTPUT_DIR if cmd.given.get("demo") else TrainConfig.output_dir
+    default_dir = demo_output_dir(cmd.given.get("config")) if cmd.given.get("demo") else TrainConfig.output_dir
     return Path(given_dir or os.path.abspath(default_dir))
+
+
+def demo_output_dir(config: str | None) -> str:
+    """--demo's default run directory: runs/demo, or the model family's (runs/demo25 with checkpoints/demo25.yaml),
+    so the demos of two families never meet in one directory. A config that cannot be read is reported later."""
+    if not config:
+        return DEMO_OUTPUT_DIR
+    from trainers.families import family_for_config
+
+    try:
+        data = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return DEMO_OUTPUT_DIR
+    return family_for_config(data).demo_output_dir if isinstance(data, dict) else DEMO_OUTPUT_DIR
 
 
 def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:

@@ -57,4 +57,5 @@ FAMILY = ModelFamily(
     demo_tokenizer_name=TOKENIZER_NAME,
     export_tokenizer_name=UPSTREAM_NAME,
     inference_name="IndexTTS-2.5",
+    demo_output_dir="runs/demo25",
 )
