@@ -57,10 +57,19 @@ def demo25_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> li
     return demo25_flags(Path(tmp_path_factory.mktemp("demo25_assets")))
 
 
-@pytest.fixture(params=["indextts2", "indextts25"])
-def family_assets(request: pytest.FixtureRequest) -> list[str]:
-    """The demo assets of each model family in turn: tests taking it run over both (IndexTTS2, IndexTTS-2.5)."""
-    return request.getfixturevalue("demo_assets" if request.param == "indextts2" else "demo25_assets")
+class FamilyFlags(list):
+    """Flags naming a model family's demo assets; `.family` is the family's name."""
+
+    family: str
+
+
+@pytest.fixture(scope="session", params=["indextts2", "indextts25"])
+def family_assets(request: pytest.FixtureRequest) -> FamilyFlags:
+    """The demo assets of each model family in turn: a test taking them runs over both (IndexTTS2, IndexTTS-2.5),
+    the same test for both (docs/architecture.md, "Model families")."""
+    flags = FamilyFlags(request.getfixturevalue("demo_assets" if request.param == "indextts2" else "demo25_assets"))
+    flags.family = request.param
+    return flags
 
 
 def pytest_configure(config: pytest.Config) -> None:

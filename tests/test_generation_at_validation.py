@@ -95,7 +95,21 @@ def test_a_gen_best_metric_keeps_best_pth_by_it_and_needs_sampling(demo_assets, 
     assert best["metric"] == "gen/length_error_median" and best["value"] == min(errors.values())
 
 
-def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(runs, demo_assets, tmp_path):
+@pytest.fixture(scope="module")
+def family_generating(family_assets, request, tmp_path_factory) -> Path:
+    """`runs["on"]` (a run generating at validation), for each model family's demo."""
+    if family_assets.family == "indextts2":
+        return request.getfixturevalue("runs")["on"]
+    out = tmp_path_factory.mktemp(f"gen_{family_assets.family}") / "on"
+    done = train_here(out, *family_assets, *FLAGS, *SAMPLING)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(family_generating, family_assets,
+                                                                              tmp_path):
+    """Each model family: its generation's prompt is its own prefix and text embeddings."""
+    runs, demo_assets = {"on": family_generating}, family_assets
     out = tmp_path / "run"
     killed = train(out, *demo_assets, *FLAGS, *SAMPLING, kill_at="generate:6:0")
     assert killed.returncode != 0 and sorted(list_sets(out)) == [0, 3]  # step 6's set: absent, not partial

@@ -51,7 +51,17 @@ def _validations(out: Path) -> list[float]:
     return [m["mel_loss"] for m in final_state(out).history if m["kind"] == "val"]
 
 
-def test_oom_above_4_trains_at_4_x_4_on_the_same_samples(demo_assets, small_reference, tmp_path):
+@pytest.fixture(scope="module")
+def family_small_reference(family_assets, request, tmp_path_factory) -> Path:
+    """`small_reference`, for each model family's demo."""
+    if family_assets.family == "indextts2":
+        return request.getfixturevalue("small_reference")
+    return _trained(tmp_path_factory, f"small_{family_assets.family}", *family_assets, *SMALL)
+
+
+def test_oom_above_4_trains_at_4_x_4_on_the_same_samples(family_assets, family_small_reference, tmp_path):
+    """Each model family."""
+    demo_assets, small_reference = family_assets, family_small_reference
     out = tmp_path / "run"
     result = train_here(out, *demo_assets, *SMALL, env={"INDEXTTS_TRAIN_OOM_ABOVE": "4"})
     assert result.returncode == 0, result.stderr

@@ -207,7 +207,8 @@ def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ 2.5: the trainer's IndexTTS-2.5 family against it
 
-def family25_batch(tmp_path, raw_text: list[list[int]], code_lens: list[int], langs: list[str], seed: int = 0):
+def family25_batch(tmp_path, raw_text: list[list[int]], code_lens: list[int], langs: list[str], seed: int = 0,
+                   gpt_section: dict = GPT25):
     """A batch as the 2.5 family's data path makes it from the 2.5 preprocessing's files (text ids with 0 and 1
     among them, dropped there), and the raw batch upstream's reference gets (which drops them itself)."""
     import json
@@ -219,14 +220,15 @@ def family25_batch(tmp_path, raw_text: list[list[int]], code_lens: list[int], la
     from trainers.families import FAMILIES
 
     family = FAMILIES["indextts25"]
-    gpt = family.read_config(GPT25)
+    gpt = family.read_config(gpt_section)
     g = torch.Generator().manual_seed(seed)
-    (tmp_path / "f").mkdir()
+    tmp_path = tmp_path / "batch"
+    (tmp_path / "f").mkdir(parents=True)
     lines, raw = [], {"spk_emb": [], "emo_vec": [], "codes": []}
     for i, (ids, m) in enumerate(zip(raw_text, code_lens)):
         arrays = {"text_ids": np.asarray(ids, np.int32), "spk_emb": torch.randn(CAMPPLUS_DIM, generator=g).numpy(),
-                  "emo_vec": torch.randn(GPT25["model_dim"], generator=g).numpy(),
-                  "codes": torch.randint(0, GPT25["start_mel_token"], (m,), generator=g).numpy().astype(np.int32)}
+                  "emo_vec": torch.randn(gpt.model_dim, generator=g).numpy(),
+                  "codes": torch.randint(0, gpt.start_mel_token, (m,), generator=g).numpy().astype(np.int32)}
         np.savez(tmp_path / "f" / f"u{i}.npz", **arrays)
         lines.append({"id": f"u{i}", "features": f"f/u{i}.npz", "lang": langs[i], "text_len": len(ids), "code_len": m})
         for k in raw:
@@ -310,16 +312,21 @@ def full_config25(path, gpt: dict) -> None:
     path.write_text(yaml.safe_dump({"gpt": gpt, **sections, "version": 2.5}, sort_keys=False), encoding="utf-8")
 
 
-def test_a_25_runs_export_is_the_campplus_key_set_upstream_loads_strictly_and_generates_from(demo25_assets, tmp_path):
-    """A 2.5 run started from a base in upstream's campplus layout (every key of its constructor, the emotion
-    encoders included), exported: gpt.pth holds exactly that key set (load_strict_campplus: strict=True), the
-    carried tensors bit-identical, the trained ones the run's; the tokenizer under the name infer_v2_5 opens; and
-    upstream's inference_speech generates from it the greedy codes the trainer's generation gives."""
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_25_runs_export_is_the_campplus_key_set_upstream_loads_strictly_and_generates_from(demo25_assets, tmp_path,
+                                                                                             lora):
+    """A 2.5 run (full, and LoRA: its adapters merged) started from a base in upstream's campplus layout (every key
+    of its constructor, the emotion encoders included), exported: gpt.pth holds exactly that key set
+    (load_strict_campplus: strict=True), the carried tensors bit-identical; full: the trained tensors the run's;
+    LoRA: the logits of the adapted model (base + adapters, built here) within 2e-5; the tokenizer under the name
+    infer_v2_5 opens; and upstream's inference_speech generates from it the greedy codes the trainer's own
+    generation gives."""
     import yaml
 
     from tests.demo_runs import DEMO25_CONFIG, final_state, train_here
     from trainers.families import FAMILIES
     from trainers.model.generation import generate_codes
+    from trainers.model.lora import LoraSettings, add_adapters
     from trainers.tools import export_checkpoint
 
     gpt = {**yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"], "condition_module": ENCODER,
@@ -330,26 +337,41 @@ def test_a_25_runs_export_is_the_campplus_key_set_upstream_loads_strictly_and_ge
     flags = list(demo25_assets)
     flags[flags.index("--base-checkpoint") + 1] = str(tmp_path / "base.pth")
     run = tmp_path / "run"
-    done = train_here(run, *flags, "--max-steps", "3", "--save-interval", "3", "--val-interval", "0")
+    done = train_here(run, *flags, "--max-steps", "3", "--save-interval", "3", "--val-interval", "0",
+                      *(["--lora-rank", "4", "--learning-rate", "2e-2"] if lora else []))
     assert done.returncode == 0, done.stderr
     full_config25(tmp_path / "config.yaml", gpt)
     assert export_checkpoint.main([str(run), "--out", str(tmp_path / "out"), "--config", str(tmp_path / "config.yaml")]) == 0
     exported = torch.load(tmp_path / "out" / "gpt.pth", weights_only=True)["model"]
     assert {k: tuple(v.shape) for k, v in exported.items()} == campplus_keys(gpt)
-    trained = final_state(run).model
-    for key, value in exported.items():
-        source = trained if key in trained else base_state
-        assert torch.equal(value, source[key]), key
-    assert not torch.equal(exported["lang_embedding.weight"], base_state["lang_embedding.weight"])  # it trained
+    family = FAMILIES["indextts25"]
+    config = family.read_config(gpt)
+    model = family.build_model(config).eval()
+    model.load_state_dict({k: exported[k] for k in model.state_dict()})
+    ckpt = final_state(run)
+    if lora:
+        assert all(torch.equal(exported[k], base_state[k]) for k in exported if k not in model.state_dict())
+        adapted = family.build_model(config)
+        adapted.load_state_dict({k: base_state[k] for k in adapted.state_dict()})
+        s = ckpt.lora
+        add_adapters(adapted, LoraSettings(s["rank"], s["alpha"], tuple(s["targets"]), s["dropout"]), 0)
+        adapted.load_state_dict(ckpt.model, strict=False)
+        raw = [[35, 0, 7, 9, 12], [33, 8, 4]]
+        _, _, batch, _ = family25_batch(tmp_path, raw, [5, 3], ["en", "ja"], seed=8, gpt_section=gpt)
+        with torch.no_grad():
+            worst = max(float((a - b).abs().max()) for a, b in zip(adapted.eval()(**batch.inputs), model(**batch.inputs)))
+        assert not torch.equal(exported["gpt.h.0.attn.c_attn.weight"], base_state["gpt.h.0.attn.c_attn.weight"])
+        assert worst < 2e-5, worst
+    else:
+        for key, value in exported.items():
+            assert torch.equal(value, (ckpt.model if key in ckpt.model else base_state)[key]), key
+        assert not torch.equal(exported["lang_embedding.weight"], base_state["lang_embedding.weight"])  # it trained
     tokenizer = flags[flags.index("--tokenizer") + 1]
     assert (tmp_path / "out" / "multilingual_zh_ja_yue_char_del.tiktoken").read_bytes() == open(tokenizer, "rb").read()
-    config = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
-    assert config["version"] == 2.5 and "dataset" not in config and config["gpt"]["number_text_tokens"] == 2400
+    written = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert written["version"] == 2.5 and "dataset" not in written and written["gpt"]["number_text_tokens"] == 2400
 
     c = campplus_upstream(exported, gpt)  # strict=True inside (load_strict_campplus)
-    family = FAMILIES["indextts25"]
-    model = family.build_model(family.read_config(gpt)).eval()
-    model.load_state_dict({k: exported[k] for k in model.state_dict()})
     g = torch.Generator().manual_seed(1)
     text = torch.randint(2, 700, (1, 6), generator=g)
     spk_emb, emo_vec = torch.randn(1, CAMPPLUS_DIM, generator=g), torch.randn(1, 64, generator=g)
