@@ -235,3 +235,60 @@ def test_a_tokenizer_of_another_size_than_the_25_config_is_refused(demo25_assets
     refused = train_here(tmp_path / "run", *with_flag(demo25_assets, "--config", str(config)), "--max-steps", "1")
     assert refused.returncode == 2 and "gpt.number_text_tokens is 2401 but the tokenizer has 2400 ids" in refused.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------- a new language
+
+NEW = ["--new-language", "tr", "--new-rows-lr-scale", "10", "--val-interval", "0", "--save-interval", "3",
+       "--log-interval", "1", "--dropout", "0.1"]
+
+
+def as_turkish(flags: list[str]) -> list[str]:
+    """The demo's manifests read as Turkish (PATH::tr): its samples train lang_embedding's row of 'tr'."""
+    return [f"{v}::tr" if i and flags[i - 1] in ("--train-manifest", "--val-manifest") else v
+            for i, v in enumerate(flags)]
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_new_languages_rows_train_and_every_other_row_stays_bit_identical(demo25_assets, tmp_path, lora):
+    from tests.demo_runs import assert_equal_nested, final_state
+    from trainers.model.weights import read_state_dict
+
+    flags = [*as_turkish(demo25_assets), *NEW, *(["--lora-rank", "4"] if lora else [])]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert train_here(straight, *flags, "--max-steps", "6").returncode == 0
+    first = train_here(stopped, *flags, "--max-steps", "6", kill_at="SIGTERM@micro:4:0")
+    assert first.returncode == 143, first.stderr
+    again = train_here(stopped, "--resume", "auto")
+    assert again.returncode == 0, again.stderr
+    assert "--new-language tr: rows lang_embedding.weight[9], text_embedding.weight[738]" in again.stderr
+    a, b = final_state(straight), final_state(stopped)
+    assert_equal_nested(a.model, b.model, "model")
+    assert_equal_nested(a.optimizer, b.optimizer, "optimizer")
+    base = read_state_dict(Path(flag(demo25_assets, "--base-checkpoint")))
+    token = 2400 - len(SPECIAL_TOKENS) + 2 + lang_id("tr")
+    for key, trained in (("lang_embedding.weight", [lang_id("tr")]), ("text_embedding.weight", [token]),
+                         ("text_head.weight", [token]), ("text_head.bias", [token])):
+        changed = (a.model[key] != base[key]).reshape(base[key].shape[0], -1).any(1).nonzero().flatten().tolist()
+        assert changed == trained, (key, changed)
+    groups = a.optimizer["param_groups"]
+    scaled = [g for g in groups if "lr_scale" in g]
+    assert [g["lr_scale"] for g in scaled] == [10.0, 10.0] and scaled[0]["lr"] == pytest.approx(10 * groups[0]["lr"])
+    if lora:  # the adapters and the tables of the new rows; nothing else of the base
+        assert set(a.model) - {k for k in a.model if k.endswith((".lora_a", ".lora_b"))} == {
+            "lang_embedding.weight", "text_embedding.weight", "text_head.weight", "text_head.bias"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--new-language", "xx"], "--new-language xx: not one of IndexTTS-2.5's 106 language codes"),
+    (["--new-rows-lr-scale", "5"], "--new-rows-lr-scale 5 scales the rows that train beside held ones"),
+])
+def test_new_language_flags_that_cannot_apply_are_refused(demo25_assets, tmp_path, extra, message):
+    refused = train_here(tmp_path / "run", *demo25_assets, "--max-steps", "1", *extra)
+    assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_new_language_on_indextts2_is_its_tokenizer_extension(demo_assets, tmp_path):
+    refused = train_here(tmp_path / "run", *demo_assets, "--max-steps", "1", "--new-language", "tr")
+    assert refused.returncode == 2 and "IndexTTS2 (2.0) has no language rows" in refused.stderr, refused.stderr

@@ -58,6 +58,9 @@ class ModelFamily:
     export_tokenizer_name: str | None = None
     inference_name: str = "IndexTTS2"  # upstream's inference, as messages name it
     demo_output_dir: str = "runs/demo"  # --demo's run directory when --output-dir is not given
+    # --new-language: the rows of each table that train for these languages (every other row of the table held);
+    # ValueError for a code it does not know. None: the family has no language rows.
+    language_rows: Callable[[int, tuple[str, ...]], dict[str, list[int]]] | None = None
 
     def holds_state(self, keys: Collection[str]) -> bool:
         """Whether a state dict with these keys is one of this family's (by its signature)."""

@@ -108,11 +108,29 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = _additional_epochs(cmd, settings, saved, n_train)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train))
+    check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab)
     check_horizon(train, n_train)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
                       inputs, saved, branch_of)
+
+
+def check_new_rows(settings: TrainConfig, family: ModelFamily, text_tokens: int, vocab: Vocabulary) -> None:
+    """--new-language needs a family with language rows and codes it knows; --new-rows-lr-scale needs rows that are
+    held (a new language's tables, or an extended vocabulary's with --freeze-base-vocab)."""
+    if settings.new_languages:
+        if family.language_rows is None:
+            raise UserError(f"--new-language: {family.title} has no language rows; a new language there is a "
+                            "tokenizer extension (docs/new_language.md); nothing was written")
+        try:
+            family.language_rows(text_tokens, settings.new_languages)
+        except ValueError as exc:
+            raise UserError(f"{exc}; nothing was written") from None
+    elif settings.new_rows_lr_scale != 1.0 and not (vocab.extended and settings.freeze_base_vocab):
+        raise UserError(f"--new-rows-lr-scale {settings.new_rows_lr_scale:g} scales the rows that train beside held "
+                        "ones: pass --new-language (IndexTTS-2.5) or train an extended tokenizer with "
+                        "--freeze-base-vocab; nothing was written")
 
 
 def run_family(model_yaml: dict[str, Any], saved: SavedRun | None, config: str) -> ModelFamily:

@@ -26,6 +26,7 @@ from trainers.hardware.detect import Hardware, detect_hardware, pick_device
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.hardware.precision import AmpChoice, choose_amp
+from trainers.model.frozen_rows import HeldRows
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
@@ -213,7 +214,11 @@ def log_summary(run: Run) -> None:
     log.info("model: %d layers, dim %d, %d text tokens; %.1fM trained parameters, %d carried tensors",
              run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, n_train / 1e6,
              len(run.weights.carried))
-    if run.optim.frozen:
+    if isinstance(run.optim.frozen, HeldRows):
+        scale = f"; their learning rate x{cfg.new_rows_lr_scale:g}" if cfg.new_rows_lr_scale != 1.0 else ""
+        log.info("--new-language %s: rows %s train, every other row of these tables is held bit-identical%s",
+                 ",".join(cfg.new_languages), run.optim.frozen.describe(), scale)
+    elif run.optim.frozen:
         log.info("vocabulary: %d text tokens, base %d; the %d base rows of text_embedding and text_head are frozen "
                  "(--no-freeze-base-vocab trains them too)", vocab.text_tokens, vocab.base_text_tokens,
                  run.optim.frozen.rows)

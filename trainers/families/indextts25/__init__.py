@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from trainers.families.family import ModelFamily
 from trainers.families.indextts25.demo import TOKENIZER_NAME, make_demo
 from trainers.families.indextts25.features import FORMS, IndexTTS25Features
+from trainers.families.indextts25.languages import trained_rows
 from trainers.families.indextts25.model import IndexTTS25Config, IndexTTS25GPT
 from trainers.families.indextts25.tokenizer import UPSTREAM_NAME, TiktokenTokenizer
 from trainers.model.weights import StateLayout
@@ -58,4 +59,5 @@ FAMILY = ModelFamily(
     export_tokenizer_name=UPSTREAM_NAME,
     inference_name="IndexTTS-2.5",
     demo_output_dir="runs/demo25",
+    language_rows=trained_rows,
 )

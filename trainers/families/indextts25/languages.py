@@ -76,3 +76,20 @@ def language_problem(code: str | None) -> str | None:
             f"on that has a <|xx|> token (one of the first {TOKEN_LANGUAGES}, e.g. 'tt'), write it as the sample's "
             "language (the 2.5 preprocessing's \"lang_alias\") and pass it as lang to inference "
             "(docs/indextts25.md, \"A new language\")")
+
+
+def trained_rows(number_text_tokens: int, codes: tuple[str, ...]) -> dict[str, list[int]]:
+    """ModelFamily.language_rows: the rows a new language trains (--new-language), by table: its lang_embedding
+    row, and where it has one the text rows of its <|xx|> token (id = ranks + 2 + lang_id, the special tokens
+    following the ranks). ValueError naming a code that is not one of the 106."""
+    unknown = [code for code in codes if code.lower() not in LANGUAGE_IDS]
+    if unknown:
+        raise ValueError(f"--new-language {','.join(unknown)}: not one of IndexTTS-2.5's {len(LANGUAGES)} language "
+                         f"codes; a language that is not borrows the code of one the model was not trained on "
+                         f"(docs/indextts25.md, \"A new language\")")
+    ranks = number_text_tokens - len(SPECIAL_TOKENS)
+    rows = {"lang_embedding.weight": sorted({lang_id(code) for code in codes})}
+    tokens = sorted({ranks + 2 + lang_id(code) for code in codes if has_token(code)})
+    if tokens:
+        rows.update({key: tokens for key in ("text_embedding.weight", "text_head.weight", "text_head.bias")})
+    return rows
