@@ -292,3 +292,57 @@ def test_new_language_flags_that_cannot_apply_are_refused(demo25_assets, tmp_pat
 def test_a_new_language_on_indextts2_is_its_tokenizer_extension(demo_assets, tmp_path):
     refused = train_here(tmp_path / "run", *demo_assets, "--max-steps", "1", "--new-language", "tr")
     assert refused.returncode == 2 and "IndexTTS2 (2.0) has no language rows" in refused.stderr, refused.stderr
+
+
+# ------------------------------------------------------------------------------------------ indextts-retokenize
+
+def npy_manifest(root: Path, texts: list[tuple[str, str | None]]) -> Path:
+    """Single 2.5 .npy lines (text_ids_path, codes_path, spk_emb_path, emo_vec_path) with these texts/languages."""
+    (root / "f").mkdir(parents=True)
+    np.save(root / "f" / "spk.npy", np.ones(192, np.float32))
+    np.save(root / "f" / "emo.npy", np.zeros(64, np.float32))
+    np.save(root / "f" / "codes.npy", np.arange(5, dtype=np.int32))
+    lines = [{"id": f"u{i}", "text": text, "codes_path": "f/codes.npy", "code_len": 5, "spk_emb_path": "f/spk.npy",
+              "emo_vec_path": "f/emo.npy", **({"language": lang} if lang else {})} for i, (text, lang) in enumerate(texts)]
+    (root / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return root / "m.jsonl"
+
+
+def test_retokenize_writes_25_text_ids_as_upstreams_front_end_makes_them(demo25_assets, tmp_path, capsys):
+    from trainers.families.indextts25.front_end import front_end
+    from trainers.tools.tokenizer.retokenize_manifest import main as retokenize
+
+    tokenizer = flag(demo25_assets, "--tokenizer")
+    enc = encoding(tokenizer)
+    manifest = npy_manifest(tmp_path / "in", [("The Cat walks: quickly!", "en"), ("the dog (runs)", "es"),
+                                              ("a bird sings", None)])
+    assert retokenize(["--tokenizer", tokenizer, "--manifests", str(manifest), "--output-dir", str(tmp_path / "out"),
+                       "--config", str(DEMO25_CONFIG), "--language", "ja"]) == 0
+    out = capsys.readouterr().out
+    assert "language normalisation SKIPPED: IndexTTS-2.5 inference normalises zh, zhen and en with WeTextProcessing" in out
+    rows = [json.loads(line) for line in (tmp_path / "out" / "m.jsonl").read_text().splitlines()]
+    ids = [np.load(tmp_path / "out" / row["text_ids_path"]).tolist() for row in rows]
+    assert front_end("The Cat walks: quickly!", "en") == "<|en|> the cat walks, quickly!"  # lower case, ':' -> ','
+    assert front_end("the dog (runs)", "es") == "<|es|> THE DOG 'RUNS'"  # UPPER case, brackets -> quotes
+    assert ids[0] == [i for i in enc.encode("<|en|> the cat walks, quickly!", allowed_special="all") if i > 1]
+    assert ids[0][0] == enc.encode("<|en|>", allowed_special="all")[0] and 0 not in ids[0]  # "!" (id 0) dropped
+    assert ids[1][0] == enc.encode("<|es|>", allowed_special="all")[0]
+    assert rows[2]["language"] == "ja" and ids[2][0] == enc.encode("<|ja|>", allowed_special="all")[0]
+    assert [row["text_len"] for row in rows] == list(map(len, ids))
+    table = load_manifests([parse_manifest_spec(str(tmp_path / "out" / "m.jsonl"))],
+                           FAMILY.data_limits(FAMILY.read_config(yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"])))
+    assert list(table.text_len) == list(map(len, ids))  # what the trainer counts: nothing more to drop
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--config", str(DEMO25_CONFIG.with_name("demo.yaml"))], "is IndexTTS-2.5's, but --config"),
+    ([], "language 'xx' is not one of IndexTTS-2.5's 106 language codes"),
+])
+def test_retokenize_refuses_a_25_tokenizer_with_a_20_config_or_an_unknown_language(demo25_assets, tmp_path, capsys,
+                                                                                  flags, message):
+    from trainers.tools.tokenizer.retokenize_manifest import main as retokenize
+
+    manifest = npy_manifest(tmp_path / "in", [("a cat", "xx")])
+    assert retokenize(["--tokenizer", flag(demo25_assets, "--tokenizer"), "--manifests", str(manifest),
+                       "--output-dir", str(tmp_path / "out"), *flags]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "out").exists()

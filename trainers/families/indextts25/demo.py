@@ -22,6 +22,7 @@ from trainers.data.demo_corpus import (
 )
 from trainers.data.demo_data import CorpusMaker, ensure_demo_assets
 from trainers.families.indextts25.features import kept_ids
+from trainers.families.indextts25.front_end import front_end
 from trainers.families.indextts25.languages import SPECIAL_TOKENS
 from trainers.families.indextts25.model import SPEAKER_DIM, IndexTTS25GPT
 from trainers.families.indextts25.tokenizer import encoding
@@ -98,13 +99,13 @@ class _Utt:
 
 def _sample(rng: np.random.Generator, enc, table: _CodeTable, speaker_index: int,
             num_codes: int) -> tuple[str, np.ndarray, np.ndarray]:
-    """A sentence, its ids as upstream's front end makes them for English ("<|en|> " + lower-cased text), and
+    """A sentence, its ids as upstream's front end makes them for English (front_end.py: "<|en|> " + lower case), and
     codes made from the ids the model keeps; within the demo's limits."""
     while True:
         text = _sentence(rng)
         if rng.random() < EXCLAIMED:
             text = text[:-1] + "!"
-        ids = np.asarray(enc.encode(f"<|{LANGUAGE}|> " + text.lower(), allowed_special="all"), dtype=np.int32)
+        ids = np.asarray(enc.encode(front_end(text, LANGUAGE), allowed_special="all"), dtype=np.int32)
         kept = kept_ids(ids)
         codes = _text_to_codes(kept, speaker_index, table, num_codes)
         if len(kept) <= MAX_TEXT_LEN and len(codes) <= MAX_CODE_LEN:
