@@ -346,3 +346,23 @@ def test_retokenize_refuses_a_25_tokenizer_with_a_20_config_or_an_unknown_langua
     assert retokenize(["--tokenizer", flag(demo25_assets, "--tokenizer"), "--manifests", str(manifest),
                        "--output-dir", str(tmp_path / "out"), *flags]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_the_text_loss_in_blocks_has_the_gradient_of_one_block():
+    """chunked_head_cross_entropy (IndexTTS-2.5's text loss) against the head's logits at once: same loss and
+    gradients within float rounding, in fp32 and under bf16 autocast, with blocks that do not divide the rows."""
+    from trainers.model.cross_entropy import chunked_head_cross_entropy, summed_cross_entropy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50)
+    h, targets = torch.randn(11, 16, requires_grad=True), torch.randint(0, 50, (11,))
+    for autocast in (False, True):
+        grads = []
+        for blocks in (None, 4):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = (summed_cross_entropy(head(h).float(), targets) if blocks is None
+                        else chunked_head_cross_entropy(h, targets, head, blocks))
+            grads.append([loss.detach(), *torch.autograd.grad(loss, (h, head.weight, head.bias))])
+        tolerance = 3e-2 if autocast else 1e-5  # bf16 products summed in another order
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)

@@ -360,16 +360,21 @@ class UnifiedVoiceGPT(nn.Module):
         h_text, h_mel, text_tgt, mel_tgt = self._teacher_forced(conditioning, text_ids, text_lens, codes, code_lens,
                                                                 dropout_keys, "packed", packed_len)
         t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
-        text_logits = self.text_head(h_text[t_valid]).float()
         mel_logits = self.mel_head(h_mel[m_valid]).float()
         mel_targets = mel_tgt[m_valid]
         return {
-            "text_ce": summed_cross_entropy(text_logits, text_tgt[t_valid], self.deterministic_loss),
+            "text_ce": self.text_cross_entropy(h_text[t_valid], text_tgt[t_valid]),
             "mel_ce": summed_cross_entropy(mel_logits, mel_targets, self.deterministic_loss),
             "text_tokens": t_valid.sum(),
             "mel_tokens": m_valid.sum(),
             "mel_correct": (mel_logits.argmax(-1) == mel_targets).sum(),
         }
+
+    def text_cross_entropy(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The summed text loss of final-normed hidden states [N, D] against their targets [N]: the text head's
+        logits in one block (a family with a wide text head computes them in blocks: trainers/model/cross_entropy.py
+        chunked_head_cross_entropy)."""
+        return summed_cross_entropy(self.text_head(h).float(), targets, self.deterministic_loss)
 
     def forward(
         self,

@@ -20,10 +20,13 @@ import torch
 from torch import nn
 
 from trainers.families.indextts25.languages import LANGUAGE_ROWS
+from trainers.model.cross_entropy import chunked_head_cross_entropy
 from trainers.model.gpt_model import _OFFICIAL, GPTConfig, UnifiedVoiceGPT
 
 SPEAKER_DIM = 192  # CAMPPlus speaker vector, spk_emb_proj's input
 PREFIX_LEN = 3  # [speaker + emotion][0][0]
+# Rows of text logits computed at a time (60,510 columns each: 242 MB per 1024 rows in fp32), recomputed in backward.
+TEXT_LOSS_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class IndexTTS25GPT(UnifiedVoiceGPT):
 
     def text_embeddings(self, text_in: torch.Tensor, lang_id: torch.Tensor, **rest: torch.Tensor) -> torch.Tensor:
         return super().text_embeddings(text_in) + self.lang_embedding(lang_id).unsqueeze(1)
+
+    def text_cross_entropy(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """In blocks of TEXT_LOSS_ROWS rows: the 60,510-column text logits of a micro-batch never all at once."""
+        return chunked_head_cross_entropy(h, targets, self.text_head, TEXT_LOSS_ROWS, self.deterministic_loss)
 
     def example_conditioning(self, n: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         return {"spk_emb": torch.zeros(n, SPEAKER_DIM, device=device),
