@@ -18,8 +18,8 @@ included, ~0.3 GB) is its own; an untimed warm-up step, then the median of --rep
 
 The text loss alone: --text-rows rows of final-normed hidden states (width 1280) through each text head and its
 cross-entropy, forward and backward, in a process of its own: what its forward keeps for backward (the bytes of
-the distinct storages autograd saves: alive beside every other activation until backward, so this is what the
-loss adds to a step's peak), the resident memory added at its own peak (ru_maxrss after minus before) and its
+the distinct storages autograd saves, the head's weights aside: alive beside every other activation until
+backward, so this is what the loss adds to a step's peak), the resident memory added at its own peak (ru_maxrss after minus before) and its
 time. 2.5 computes it in blocks of 1024 rows whose logits are recomputed in backward
 (trainers/model/cross_entropy.py chunked_head_cross_entropy); shown beside the head at once, as 2.0 computes
 it. --smoke: width 64, 1 layer, 1 step, 256 rows (seconds; tests/test_benchmarks.py): it checks the script, its
@@ -136,9 +136,11 @@ def measure_loss(family: str, blocks: bool, smoke: bool, rows: int) -> dict:
     loss_of = model.text_cross_entropy if blocks else UnifiedVoiceGPT.text_cross_entropy.__get__(model)
     loss_of(h[:8], targets[:8]).backward()  # allocator and kernels warmed on a little
     kept: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}  # kept anyway: not the loss's
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        if t.untyped_storage().data_ptr() not in weights:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     before = peak_bytes()
