@@ -123,6 +123,18 @@ def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str,
     return subprocess.CompletedProcess(argv, status, "", err.getvalue())
 
 
+def family_run(family_assets: list[str], request, fixture: str, tmp_path_factory, *flags: str) -> Path:
+    """A module's run for the family of `family_assets` (tests/conftest.py): for IndexTTS2 the module's own
+    fixture `fixture` (not trained twice), for another family its demo trained here with `flags`."""
+    family = getattr(family_assets, "family", "indextts2")
+    if family == "indextts2":
+        return request.getfixturevalue(fixture)
+    out = tmp_path_factory.mktemp(f"{fixture}_{family}") / "run"
+    result = train_here(out, *family_assets, *flags)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
 def final_state(out: Path) -> schema.Checkpoint:
     return schema.read(out / "latest.pth")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo_runs import assert_equal_nested, final_state, train, train_here
+from tests.demo_runs import assert_equal_nested, family_run, final_state, train, train_here
 from tests.test_best_checkpoint import FLAGS, OVERSHOOTING, validations
 from trainers.checkpoint import schema
 
@@ -38,12 +38,7 @@ def test_the_run_stops_after_patience_validations_without_a_new_best(stopped):
 @pytest.fixture(scope="module")
 def family_stopped(family_assets, request, tmp_path_factory) -> Path:
     """`stopped`, for each model family's demo (2.5's stops at the same step: best at 3, worse at 6 and 9)."""
-    if family_assets.family == "indextts2":
-        return request.getfixturevalue("stopped")
-    out = tmp_path_factory.mktemp(f"early_{family_assets.family}") / "run"
-    done = train_here(out, *family_assets, *PLAN)
-    assert done.returncode == 0, done.stderr
-    return out
+    return family_run(family_assets, request, "stopped", tmp_path_factory, *PLAN)
 
 
 def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identically(family_stopped, family_assets,

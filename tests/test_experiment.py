@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import final_state, train_here
+from tests.demo_runs import family_run, final_state, train_here
 from trainers.experiment import ExperimentManager
 
 FLAGS = ["--batch-size", "16", "--val-interval", "4", "--max-val-batches", "0", "--save-interval", "4",
@@ -23,11 +23,7 @@ def reference(demo_assets, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def family_reference(family_assets, request, tmp_path_factory) -> Path:
     """`reference`, for each model family's demo."""
-    if family_assets.family == "indextts2":
-        return request.getfixturevalue("reference")
-    out = tmp_path_factory.mktemp(f"api_{family_assets.family}") / "reference"
-    assert train_here(out, *family_assets, *FLAGS, "--max-steps", "12").returncode == 0
-    return out
+    return family_run(family_assets, request, "reference", tmp_path_factory, *FLAGS, "--max-steps", "12")
 
 
 def test_an_unchanged_resume_through_the_api_is_bit_identical(family_assets, family_reference, tmp_path):

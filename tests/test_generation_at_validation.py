@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_equal_nested, final_state, train, train_here
+from tests.demo_runs import assert_equal_nested, family_run, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.settings import BEST_METRICS
 from trainers.run.sample_sets import list_sets, read_step
@@ -100,10 +100,7 @@ def family_generating(family_assets, request, tmp_path_factory) -> Path:
     """`runs["on"]` (a run generating at validation), for each model family's demo."""
     if family_assets.family == "indextts2":
         return request.getfixturevalue("runs")["on"]
-    out = tmp_path_factory.mktemp(f"gen_{family_assets.family}") / "on"
-    done = train_here(out, *family_assets, *FLAGS, *SAMPLING)
-    assert done.returncode == 0, done.stderr
-    return out
+    return family_run(family_assets, request, "runs", tmp_path_factory, *FLAGS, *SAMPLING)
 
 
 def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(family_generating, family_assets,

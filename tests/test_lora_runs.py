@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_close_weights, assert_equal_nested, final_state, train, train_here
+from tests.demo_runs import assert_close_weights, assert_equal_nested, family_run, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.flags import lora_targets, parse_command_line
 from trainers.faults import Faults
@@ -68,12 +68,7 @@ def lora_reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFact
 def family_lora_reference(family_assets, request: pytest.FixtureRequest,
                           tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`lora_reference`, for each model family's demo."""
-    if family_assets.family == "indextts2":
-        return request.getfixturevalue("lora_reference")
-    out = tmp_path_factory.mktemp(f"lora_reference_{family_assets.family}") / "run"
-    result = train_here(out, *family_assets, *COMMON)
-    assert result.returncode == 0, result.stderr
-    return out
+    return family_run(family_assets, request, "lora_reference", tmp_path_factory, *COMMON)
 
 
 def test_sigkill_mid_accumulation_and_mid_write_then_resume_is_bit_identical(family_assets, family_lora_reference,

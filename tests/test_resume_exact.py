@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import (assert_close_weights, assert_same_training, final_state, subprocess_env, train, train_here,
-                             train_scalars)
+from tests.demo_runs import (assert_close_weights, assert_same_training, family_run, final_state, subprocess_env, train,
+                             train_here, train_scalars)
 from tests.trainer_process import TrainerProcess
 from trainers.run.lock import LOCK_NAME
 
@@ -39,12 +39,7 @@ def reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture(scope="module")
 def family_reference(family_assets, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`reference`, for each model family's demo (tests taking `family_assets` run over both families)."""
-    if family_assets.family == "indextts2":
-        return request.getfixturevalue("reference")
-    out = tmp_path_factory.mktemp(f"reference_{family_assets.family}") / "run"
-    result = train_here(out, *family_assets, *COMMON)
-    assert result.returncode == 0, result.stderr
-    return out
+    return family_run(family_assets, request, "reference", tmp_path_factory, *COMMON)
 
 
 # Kill points in run order, each with the checkpoint the next invocation must resume from.
