@@ -3,7 +3,7 @@
 
     python benchmarks/reliability_campaign.py [--seed 1] [--kills 10] [--signals 6] [--quick | --smoke]
                                               [--parts kills,signals,corruptions,inputs]
-                                              [--lora-rank R] [--sample-interval N]
+                                              [--lora-rank R] [--sample-interval N] [--family indextts25]
                                               [--work-dir DIR] [--keep] [--json FILE]
 
 The promises under attack (README.md, docs/reliability.md): stopping and resuming never changes the result
@@ -75,6 +75,10 @@ fixed ones), 4 corruption and 8 input cases (and the tools' and sample sets' cas
 docs/reliability.md for its time). --smoke (for tests/test_benchmarks.py) trains 6 steps, with one
 kill trial (one SIGKILL), one signal trial, 2 corruption cases and the damaged adapter file, and 3
 input cases: every part once, to check that the script runs.
+
+--family indextts25 runs the kills, signals and corruptions on the IndexTTS-2.5 demo (checkpoints/demo25.yaml,
+its corpus, tiktoken file and base) instead of IndexTTS2's; its bad inputs are those of tests/test_indextts25.py,
+so the inputs part (written for IndexTTS2's files) is refused there.
 The reference runs are built whatever --parts says: every part compares with or copies them.
 The campaign's folder (runs, logs) is made under --work-dir and kept, or in the temporary
 directory and deleted unless --keep.
@@ -1873,13 +1877,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-interval", type=int, default=0,
                    help="every run also generates samples at the validations of steps divisible by N, and each "
                         "run's sample sets must equal the reference's, with no temporary file left [0: off]")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} [all]")
+    p.add_argument("--family", choices=("indextts2", "indextts25"), default="indextts2",
+                   help="the model family whose demo every run trains [indextts2]; indextts25: without the inputs part")
+    p.add_argument("--parts", help=f"comma-separated, of {', '.join(PARTS)} [all; with --family indextts25 all but "
+                                   "inputs]")
     p.add_argument("--work-dir", type=Path,
                    help="make the campaign's folder under DIR and keep it (default: a temporary one, deleted)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder (runs, logs) for inspection")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write every trial's record to FILE")
     args = p.parse_args(argv)
+    if args.parts is None:
+        args.parts = ",".join(part for part in PARTS if args.family == "indextts2" or part != "inputs")
     args.parts = [s.strip() for s in args.parts.split(",") if s.strip()]
+    if args.family == "indextts25" and "inputs" in args.parts:
+        p.error("--parts inputs: its cases are written for IndexTTS2's files; the refusals of IndexTTS-2.5's inputs "
+                "are tests/test_indextts25.py")
     unknown = [s for s in args.parts if s not in PARTS]
     if unknown or not args.parts:
         p.error(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}" if unknown
@@ -1906,16 +1918,17 @@ def main(argv: list[str] | None = None) -> int:
     keep = args.keep or args.work_dir is not None
     t0 = time.monotonic()
     print(f"machine: {machine()}")
-    print(f"campaign: seed {args.seed}, parts {', '.join(args.parts)}; demo run of {plan.steps} steps, a checkpoint "
+    print(f"campaign: seed {args.seed}, parts {', '.join(args.parts)}; {args.family} demo run of {plan.steps} steps, "
+          f"a checkpoint "
           f"every {plan.save_every}, validation every {plan.val_every}, {plan.accumulation} micro-batches per step"
           f"{f', LoRA rank {plan.lora_rank}' if plan.lora_rank else ''}"
           f"{f', samples generated every {plan.sample_interval} steps' if plan.sample_interval else ''}; "
           f"work directory {work}", flush=True)
     campaign = Campaign(work, args.seed, plan, [], args.quick, args.smoke)
     try:
-        from tests.demo_runs import demo_flags  # the corpus, tokenizer and base checkpoint the tests train on
+        from tests.demo_runs import demo25_flags, demo_flags  # the corpus, tokenizer and base the tests train on
 
-        campaign.assets = demo_flags(work / "assets")
+        campaign.assets = (demo25_flags if args.family == "indextts25" else demo_flags)(work / "assets")
         print("references: two uninterrupted runs (background saves off, on)", flush=True)
         campaign.build_references()
         startup, per_step = campaign.timing
@@ -1956,7 +1969,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nevery trial kept its promise")
     if args.json is not None:
         report = {"machine": machine(), "seed": args.seed, "quick": args.quick, "smoke": args.smoke,
-                  "parts": args.parts,
+                  "parts": args.parts, "family": args.family,
                   "plan": vars(plan), "seconds": round(seconds, 1), "work_dir": str(work) if keep else None,
                   "table": [{"part": r.part, "tried": r.tried, "kept": r.kept,
                              "breakdown": dict(r.breakdown), "note": r.note} for r in rows],

@@ -52,6 +52,15 @@ SMOKES: dict[str, Smoke] = {
         rf"^  LoRA r8 +trainable [\d,]+ \({NUM}% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
         rf"^  full +{NUM} s per step \(1\.00x full\); peak resident {NUM} GB  rounds: {NUMS}$",
         rf"^  LoRA r8 +{NUM} s per step \({NUM}x full\); peak resident {NUM} GB  rounds: {NUMS}$"), 8),
+    "family_cost.py": Smoke(("--smoke",), (
+        rf"^  2\.0 full +trainable [\d,]+; optimizer state {NUM} GB; checkpoint {NUM} GB$",
+        rf"^  2\.5 LoRA r32 +trainable [\d,]+; optimizer state {NUM} GB; checkpoint {NUM} GB$",
+        rf"^  2\.5 full +{NUM} s per step \({NUM}x 2\.0 full\); peak resident {NUM} GB  rounds: {NUMS}$",
+        rf"^  2\.5 LoRA r32 +{NUM} s per step \({NUM}x 2\.0 full\); peak resident {NUM} GB  rounds: {NUMS}$",
+        rf"^  2\.5 at once +60510 columns \(fp32 logits {NUM} GB\): keeps {NUM} GB for backward; peak adds {NUM} GB; "
+        rf"{NUM} s$",
+        rf"^  2\.5 in blocks +60510 columns \(fp32 logits {NUM} GB\): keeps {NUM} GB for backward; peak adds {NUM} GB; "
+        rf"{NUM} s$"), 16),
     "generation_cost.py": Smoke(("--smoke",), (
         rf"^demo \(checkpoints/demo\.yaml: width \d+, \d+ layers, \d+ heads\), texts 24-48 ids, \d+ codes each:\n"
         rf"  kv cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n"

@@ -49,6 +49,29 @@ def demo_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> list
     return demo_flags(Path(tmp_path_factory.mktemp("demo_assets")))
 
 
+@pytest.fixture(scope="session")
+def demo25_assets(tmp_path_factory: pytest.TempPathFactory, single_thread) -> list[str]:
+    """Flags naming the IndexTTS-2.5 demo's config, corpus, tokenizer and base, generated once per session."""
+    from tests.demo_runs import demo25_flags
+
+    return demo25_flags(Path(tmp_path_factory.mktemp("demo25_assets")))
+
+
+class FamilyFlags(list):
+    """Flags naming a model family's demo assets; `.family` is the family's name."""
+
+    family: str
+
+
+@pytest.fixture(scope="session", params=["indextts2", "indextts25"])
+def family_assets(request: pytest.FixtureRequest) -> FamilyFlags:
+    """The demo assets of each model family in turn: a test taking them runs over both (IndexTTS2, IndexTTS-2.5),
+    the same test for both (docs/architecture.md, "Model families")."""
+    flags = FamilyFlags(request.getfixturevalue("demo_assets" if request.param == "indextts2" else "demo25_assets"))
+    flags.family = request.param
+    return flags
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "benchmark_smokes(*scripts): the test reads these benchmarks' small modes "
                             "(tests/benchmark_smokes.py); without scripts, the one its `script` parameter names")

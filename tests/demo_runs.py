@@ -41,6 +41,21 @@ def demo_flags(root: Path) -> list[str]:
             "--tokenizer", str(corpus.tokenizer), "--base-checkpoint", str(base)]
 
 
+DEMO25_CONFIG = REPO / "checkpoints" / "demo25.yaml"
+
+
+def demo25_flags(root: Path) -> list[str]:
+    """Flags naming the IndexTTS-2.5 demo's corpus, tokenizer and base under `root`, and its config."""
+    from trainers.families import FAMILIES
+
+    family = FAMILIES["indextts25"]
+    gpt = family.read_config(yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"])
+    family.make_demo(root, gpt)
+    return ["--demo", "--config", str(DEMO25_CONFIG), "--train-manifest", str(root / "train.jsonl"),
+            "--val-manifest", str(root / "val.jsonl"), "--tokenizer", str(root / family.demo_tokenizer_name),
+            "--base-checkpoint", str(root / "base_gpt.pth")]
+
+
 def small_corpus_flags(folder: Path) -> list[str]:
     """A copy of the small corpus of tests/fixtures/v1_run (24 + 8 samples, a 1-layer config) in
     `folder`, and the flags naming it: for runs of a few seconds that need no demo assets."""
@@ -106,6 +121,18 @@ def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str,
             else:
                 os.environ[k] = v
     return subprocess.CompletedProcess(argv, status, "", err.getvalue())
+
+
+def family_run(family_assets: list[str], request, fixture: str, tmp_path_factory, *flags: str) -> Path:
+    """A module's run for the family of `family_assets` (tests/conftest.py): for IndexTTS2 the module's own
+    fixture `fixture` (not trained twice), for another family its demo trained here with `flags`."""
+    family = getattr(family_assets, "family", "indextts2")
+    if family == "indextts2":
+        return request.getfixturevalue(fixture)
+    out = tmp_path_factory.mktemp(f"{fixture}_{family}") / "run"
+    result = train_here(out, *family_assets, *flags)
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 def final_state(out: Path) -> schema.Checkpoint:

@@ -13,9 +13,11 @@ FLAGS = ["--batch-size", "8", "--grad-accumulation", "2", "--max-steps", str(STE
          "--val-interval", "0", "--max-val-batches", "1", "--dropout", "0.1", "--log-interval", "100"]
 
 
-def test_bf16_run_killed_by_sigkill_resumes_bit_identically(demo_assets, tmp_path):
+def test_bf16_run_killed_by_sigkill_resumes_bit_identically(family_assets, tmp_path):
     """A bf16 autocast run SIGKILLed mid-accumulation of step 7 (last checkpoint: step 4) and resumed with
-    --resume auto alone ends with every model and optimizer tensor equal to the uninterrupted bf16 run's."""
+    --resume auto alone ends with every model and optimizer tensor equal to the uninterrupted bf16 run's. Each
+    model family."""
+    demo_assets = family_assets
     reference = tmp_path / "reference"
     done = train_here(reference, *demo_assets, *FLAGS, "--amp", "bf16")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -64,9 +64,10 @@ def test_resume_best_is_refused_where_newer_steps_exist_and_branches_elsewhere(r
     assert {p.name: p.stat().st_mtime_ns for p in run9.iterdir() if p.name != LOCK_NAME} == before  # untouched
 
 
-def test_resume_best_continues_where_best_is_the_newest_checkpoint(demo_assets, tmp_path):
+def test_resume_best_continues_where_best_is_the_newest_checkpoint(family_assets, tmp_path):
+    """Each model family."""
     out = tmp_path / "run"
-    assert train_here(out, *demo_assets, *FLAGS, *OVERSHOOTING, "--max-steps", "3").returncode == 0
+    assert train_here(out, *family_assets, *FLAGS, *OVERSHOOTING, "--max-steps", "3").returncode == 0
     assert schema.read(out / "best.pth").step == 3 == final_state(out).step
     resumed = train_here(out, "--resume", "best", "--max-steps", "4")
     assert resumed.returncode == 0, resumed.stderr

@@ -125,7 +125,9 @@ def wait_for_log(out: Path, proc: subprocess.Popen, text: str, timeout: float = 
 
 # ----------------------------------------------------------------------------- the loop, with the trainer
 
-def test_sigkilled_twice_restarts_and_ends_bit_identical(demo_assets, tmp_path):
+def test_sigkilled_twice_restarts_and_ends_bit_identical(family_assets, tmp_path):
+    """Each model family."""
+    demo_assets = family_assets
     reference = tmp_path / "reference"
     assert train_here(reference, *demo_assets, *FLAGS).returncode == 0
     out = tmp_path / "run"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.demo_runs import assert_equal_nested, final_state, train, train_here
+from tests.demo_runs import assert_equal_nested, family_run, final_state, train, train_here
 from tests.test_best_checkpoint import FLAGS, OVERSHOOTING, validations
 from trainers.checkpoint import schema
 
@@ -37,7 +37,16 @@ def test_the_run_stops_after_patience_validations_without_a_new_best(stopped):
     assert "early stop at step 9: 2 validations in a row without a better mel_loss" in log
 
 
-def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identically(stopped, demo_assets, tmp_path):
+@pytest.fixture(scope="module")
+def family_stopped(family_assets, request, tmp_path_factory) -> Path:
+    """`stopped`, for each model family's demo (2.5's stops at the same step: best at 3, worse at 6 and 9)."""
+    return family_run(family_assets, request, "stopped", tmp_path_factory, *PLAN)
+
+
+def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identically(family_stopped, family_assets,
+                                                                                   tmp_path):
+    """Each model family."""
+    stopped, demo_assets = family_stopped, family_assets
     out = tmp_path / "run"
     killed = train(out, *demo_assets, *PLAN, kill_at="validation:9")
     assert killed.returncode != 0 and final_state(out).step == 6  # the last save before the kill

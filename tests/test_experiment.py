@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import final_state, train_here
+from tests.demo_runs import family_run, final_state, train_here
 from trainers.experiment import ExperimentManager
 
 FLAGS = ["--batch-size", "16", "--val-interval", "4", "--max-val-batches", "0", "--save-interval", "4",
@@ -20,7 +20,15 @@ def reference(demo_assets, tmp_path_factory) -> Path:
     return out
 
 
-def test_an_unchanged_resume_through_the_api_is_bit_identical(demo_assets, reference, tmp_path):
+@pytest.fixture(scope="module")
+def family_reference(family_assets, request, tmp_path_factory) -> Path:
+    """`reference`, for each model family's demo."""
+    return family_run(family_assets, request, "reference", tmp_path_factory, *FLAGS, "--max-steps", "12")
+
+
+def test_an_unchanged_resume_through_the_api_is_bit_identical(family_assets, family_reference, tmp_path):
+    """Each model family; its model loaded through the API evaluates a manifest as validation does."""
+    demo_assets, reference = family_assets, family_reference
     out = tmp_path / "run"
     assert train_here(out, *demo_assets, *FLAGS, "--max-steps", "12", kill_at="SIGTERM@micro:6:0").returncode == 143
     exp = ExperimentManager.load(out)
@@ -32,6 +40,10 @@ def test_an_unchanged_resume_through_the_api_is_bit_identical(demo_assets, refer
     assert exp.checkpoint.step == 12  # the manager follows the run
     resumes = exp.metadata["resumes"]
     assert [r["kind"] for r in resumes] == ["start", "resume"] and resumes[1]["step"] == 6
+    loaded = ExperimentManager.load_best_model(out)
+    val = demo_assets[demo_assets.index("--val-manifest") + 1]
+    assert loaded.family.name == family_assets.family and loaded.evaluate(val)["samples"] == 48
+    assert loaded.evaluate(val)["mel_loss"] == pytest.approx(b.history[-1]["mel_loss"], rel=1e-5)
 
 
 def test_more_epochs_match_the_command_line(demo_assets, reference, tmp_path):

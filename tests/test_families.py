@@ -126,4 +126,6 @@ def test_an_indextts2_run_saves_no_family_and_a_checkpoint_naming_none_is_indext
     assert "model_family" not in json.loads((run / "run_config.json").read_text())
     assert schema.read(V1_RUN / "model_step4.pth").model_family == "indextts2"
     assert next(iter(FAMILIES)) == schema.FIRST_FAMILY
-    assert family_for_config({"gpt": {}, "version": 2.5}) is FAMILIES["indextts2"]  # no other family registered
+    assert family_for_config({"gpt": {}, "version": 2.0}) is FAMILIES["indextts2"]
+    assert family_for_config({"gpt": {}}) is FAMILIES["indextts2"]  # what no later family claims
+    assert family_for_config({"gpt": {}, "version": 2.5}) is FAMILIES["indextts25"]

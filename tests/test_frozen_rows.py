@@ -116,3 +116,24 @@ def test_an_fp16_loss_scaler_skip_is_reported_as_a_skipped_step():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     _backward(model, optim, torch.Generator().manual_seed(3))
     assert optim.apply(optim.prepare()).applied
+
+
+def test_new_rows_lr_scale_moves_an_extended_vocabularys_new_rows_that_much_further():
+    """--new-rows-lr-scale on an extended vocabulary: the text tables in optimizer groups of their own at the
+    scaled rate (their base rows still held); the first update of the new rows is the multiple of the unscaled
+    one (Adam's first step is lr x sign-like, so the update scales with the rate)."""
+    moved = {}
+    for scale in (1.0, 10.0):
+        model, base = _extended_model()
+        start = model.text_embedding.weight.detach().clone()
+        optim = Optimization(model, dataclasses.replace(CFG, new_rows_lr_scale=scale, weight_decay=0.0), fp16=False,
+                             frozen=FrozenTextRows.capture(model, BASE), device_type="cpu",
+                             scaled=frozenset(TEXT_ROW_KEYS))
+        assert optim.start_step(0) == CFG.learning_rate
+        scaled = [g for g in optim.optimizer.param_groups if "lr_scale" in g]
+        assert [g["lr"] for g in scaled] == ([CFG.learning_rate * scale] * 2 if scale != 1.0 else [])
+        _backward(model, optim, torch.Generator().manual_seed(1))
+        assert optim.apply(optim.prepare()).applied
+        assert torch.equal(_base_rows(model.text_embedding.weight.detach()), base["text_embedding.weight"])
+        moved[scale] = (model.text_embedding.weight.detach() - start)[BASE:-1]
+    torch.testing.assert_close(moved[10.0], 10 * moved[1.0], rtol=1e-4, atol=1e-7)

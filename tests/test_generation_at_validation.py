@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_equal_nested, final_state, train, train_here
+from tests.demo_runs import assert_equal_nested, family_run, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.settings import BEST_METRICS
 from trainers.run.sample_sets import list_sets, read_step
@@ -97,7 +97,18 @@ def test_a_gen_best_metric_keeps_best_pth_by_it_and_needs_sampling(demo_assets, 
     assert best["metric"] == "gen/length_error_median" and best["value"] == min(errors.values())
 
 
-def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(runs, demo_assets, tmp_path):
+@pytest.fixture(scope="module")
+def family_generating(family_assets, request, tmp_path_factory) -> Path:
+    """`runs["on"]` (a run generating at validation), for each model family's demo."""
+    if family_assets.family == "indextts2":
+        return request.getfixturevalue("runs")["on"]
+    return family_run(family_assets, request, "runs", tmp_path_factory, *FLAGS, *SAMPLING)
+
+
+def test_a_sigkill_mid_generation_resumes_bit_identically_and_the_set_is_whole(family_generating, family_assets,
+                                                                              tmp_path):
+    """Each model family: its generation's prompt is its own prefix and text embeddings."""
+    runs, demo_assets = {"on": family_generating}, family_assets
     out = tmp_path / "run"
     killed = train(out, *demo_assets, *FLAGS, *SAMPLING, kill_at="generate:6:0")
     assert killed.returncode != 0 and sorted(list_sets(out)) == [0, 3]  # step 6's set: absent, not partial

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_close_weights, final_state, train_here
+from tests.demo_runs import assert_close_weights, family_run, final_state, train_here
 
 FLAGS = ["--max-val-batches", "1", "--val-interval", "0", "--log-sample-ids", "--dropout", "0.1",
          "--keep-checkpoints", "1", "--log-interval", "100"]
@@ -51,7 +51,15 @@ def _validations(out: Path) -> list[float]:
     return [m["mel_loss"] for m in final_state(out).history if m["kind"] == "val"]
 
 
-def test_oom_above_4_trains_at_4_x_4_on_the_same_samples(demo_assets, small_reference, tmp_path):
+@pytest.fixture(scope="module")
+def family_small_reference(family_assets, request, tmp_path_factory) -> Path:
+    """`small_reference`, for each model family's demo."""
+    return family_run(family_assets, request, "small_reference", tmp_path_factory, *SMALL)
+
+
+def test_oom_above_4_trains_at_4_x_4_on_the_same_samples(family_assets, family_small_reference, tmp_path):
+    """Each model family."""
+    demo_assets, small_reference = family_assets, family_small_reference
     out = tmp_path / "run"
     result = train_here(out, *demo_assets, *SMALL, env={"INDEXTTS_TRAIN_OOM_ABOVE": "4"})
     assert result.returncode == 0, result.stderr

@@ -331,3 +331,24 @@ def test_a_run_directory_is_read_as_export_reads_it(real_run, tmp_path, capsys):
     assert code == 0 and line(lines, "file:").startswith(f"file: {killed / 'best.pth'} ")
     assert "applies to a run directory" in error_of(capsys, killed / "latest.pth", "--which", "2")
     assert "holds no checkpoint" in error_of(capsys, tmp_path / "killed" / "logs")
+
+
+def test_a_run_of_each_model_family_is_inspected_and_verified(family_assets, tmp_path, capsys):
+    """Each model family: the run's model (named where it is not IndexTTS2's), its base rows, --verify, --json."""
+    from tests.demo_runs import train_here
+
+    trained = tmp_path / "run"
+    assert train_here(trained, *family_assets, "--max-steps", "2", "--val-interval", "0").returncode == 0
+    base = family_assets[family_assets.index("--base-checkpoint") + 1]
+    capsys.readouterr()
+    code, lines, _ = run(capsys, trained / "latest.pth", "--base", base)
+    assert code == 0
+    named = "IndexTTS-2.5, " if family_assets.family == "indextts25" else ""
+    assert line(lines, "model:") == f"model: {named}2 layers, dim 64, 4 heads"
+    assert line(lines, "base:").startswith(f"base: {base} (")
+    code, lines, _ = run(capsys, trained, "--verify")
+    assert code == 0 and lines[-1].startswith("integrity: ok")
+    code, out, _ = run(capsys, trained, "--json")
+    assert json.loads("\n".join(out))["model"]["family"] == family_assets.family
+    code, out, _ = run(capsys, base, "--json")  # an official-format file: its keys tell the family
+    assert json.loads("\n".join(out))["model"]["family"] == family_assets.family

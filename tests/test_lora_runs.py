@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import assert_close_weights, assert_equal_nested, final_state, train, train_here
+from tests.demo_runs import assert_close_weights, assert_equal_nested, family_run, final_state, train, train_here
 from trainers.checkpoint import schema
 from trainers.config.flags import lora_targets, parse_command_line
 from trainers.faults import Faults
@@ -64,10 +64,20 @@ def lora_reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFact
     return out
 
 
-def test_sigkill_mid_accumulation_and_mid_write_then_resume_is_bit_identical(demo_assets, lora_reference, tmp_path):
+@pytest.fixture(scope="module")
+def family_lora_reference(family_assets, request: pytest.FixtureRequest,
+                          tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`lora_reference`, for each model family's demo."""
+    return family_run(family_assets, request, "lora_reference", tmp_path_factory, *COMMON)
+
+
+def test_sigkill_mid_accumulation_and_mid_write_then_resume_is_bit_identical(family_assets, family_lora_reference,
+                                                                             tmp_path):
+    """Each model family."""
+    lora_reference = family_lora_reference
     out = tmp_path / "run"
     kills = ["micro:6:1", "save:8:tmp_written", None]  # mid gradient accumulation; inside a checkpoint write
-    killed = train(out, *demo_assets, *COMMON, kill_at=kills[0])
+    killed = train(out, *family_assets, *COMMON, kill_at=kills[0])
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     for kill_at, resumes_from in zip(kills[1:], (4, 4)):
         resumed = train(out, "--resume", "auto", kill_at=kill_at) if kill_at else train_here(out, "--resume", "auto")
@@ -195,9 +205,10 @@ def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, l
     assert_equal_nested(a.model, b.model, "model")
 
 
-def test_two_torchrun_processes_train_the_single_process_lora_steps(demo_assets, lora_reference, tmp_path):
+def test_two_torchrun_processes_train_the_single_process_lora_steps(family_assets, family_lora_reference, tmp_path):
     """DDP over the adapters alone (the frozen base takes no part in the gradient sum): the steps of one process,
-    within float rounding (another split of the same effective batch)."""
+    within float rounding (another split of the same effective batch). Each model family."""
+    demo_assets, lora_reference = family_assets, family_lora_reference
     from tests.test_ddp_runs import torchrun
 
     at = COMMON.index("--grad-accumulation")

@@ -149,9 +149,10 @@ def test_the_trainer_does_not_import_matplotlib():
     assert users == []
 
 
-def test_a_run_that_generated_at_validation_gets_the_generation_panels(demo_assets: list[str], tmp_path: Path):
+def test_a_run_that_generated_at_validation_gets_the_generation_panels(family_assets: list[str], tmp_path: Path):
+    """Each model family."""
     out = tmp_path / "gen"
-    done = train_here(out, *demo_assets, "--max-steps", "4", "--val-interval", "2", "--sample-interval", "2",
+    done = train_here(out, *family_assets, "--max-steps", "4", "--val-interval", "2", "--sample-interval", "2",
                       "--save-interval", "4", "--log-interval", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     run = load_run(out)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import (assert_close_weights, assert_same_training, final_state, subprocess_env, train, train_here,
-                             train_scalars)
+from tests.demo_runs import (assert_close_weights, assert_same_training, family_run, final_state, subprocess_env, train,
+                             train_here, train_scalars)
 from tests.test_best_checkpoint import FLAGS as BEST_FLAGS, OVERSHOOTING
 from tests.trainer_process import TrainerProcess
 from trainers.run.lock import LOCK_NAME
@@ -37,6 +37,12 @@ def reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
+@pytest.fixture(scope="module")
+def family_reference(family_assets, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`reference`, for each model family's demo (tests taking `family_assets` run over both families)."""
+    return family_run(family_assets, request, "reference", tmp_path_factory, *COMMON)
+
+
 # Kill points in run order, each with the checkpoint the next invocation must resume from.
 KILLS = [
     ("micro:3:1", None),                          # before the first checkpoint: restarts from the saved settings
@@ -48,10 +54,10 @@ KILLS = [
 ]
 
 
-def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(demo_assets, reference, tmp_path):
-    """One run killed at every point above in turn, each resumed run killed at the next one."""
+def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(family_assets, family_reference, tmp_path):
+    """One run killed at every point above in turn, each resumed run killed at the next one (each model family)."""
     out = tmp_path / "run"
-    killed = train(out, *demo_assets, *COMMON, kill_at=KILLS[0][0])
+    killed = train(out, *family_assets, *COMMON, kill_at=KILLS[0][0])
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     next_kills = [k for k, _ in KILLS[1:]] + [None]
     for (kill_at, resumes_from), next_kill in zip(KILLS, next_kills):
@@ -69,7 +75,7 @@ def test_sigkill_again_and_again_then_resume_auto_is_bit_identical(demo_assets, 
         assert " WARNING " not in resumed.stderr, f"{where}: a healthy resume printed a warning"
         if kill_at == "save:18:tmp_written":  # the resumed trainer removed the killed save's partial file
             assert not any(".tmp" in p.name for p in out.iterdir()), where
-    assert_same_training(reference, out, STEPS)
+    assert_same_training(family_reference, out, STEPS)
 
 
 def assert_killed_write_never_became_latest(out: Path) -> None:
@@ -317,11 +323,11 @@ def test_a_checkpoint_copied_in_from_another_run_is_refused(demo_assets, referen
         assert _files(run) == before  # nothing renamed, rewritten or set aside
 
 
-def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, reference, tmp_path):
-    """The background writer (the default on CUDA): kills inside its writes, from its own thread."""
+def test_background_saves_killed_mid_write_resume_bit_identically(family_assets, family_reference, tmp_path):
+    """The background writer (the default on CUDA): kills inside its writes, from its own thread (each family)."""
     out = tmp_path / "run"
     kills = ["save:6:tmp_written", "save:12:renamed", "step:18", None]
-    killed = train(out, *demo_assets, *COMMON, "--background-saves", kill_at=kills[0])
+    killed = train(out, *family_assets, *COMMON, "--background-saves", kill_at=kills[0])
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert not (out / "latest.pth").exists()  # killed inside the first write: no checkpoint yet
     expected_resume = {"save:6:tmp_written": None, "save:12:renamed": 12, "step:18": 18}
@@ -332,7 +338,7 @@ def test_background_saves_killed_mid_write_resume_bit_identically(demo_assets, r
         step = expected_resume[kill_at]
         assert ("no checkpoint yet" in resumed.stderr) if step is None else f"(step {step}," in resumed.stderr
         assert "in the background" in resumed.stderr  # the writer thread wrote them
-    assert_same_training(reference, out, STEPS)
+    assert_same_training(family_reference, out, STEPS)
 
 
 def test_a_signal_save_in_the_background_completes_before_exit(demo_assets, tmp_path):

@@ -203,3 +203,179 @@ def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
         download(wheel, tmp_path / "got")
     with pytest.raises(Unavailable, match="pip could not fetch parity-fake==2.0"):
         download(Wheel("parity-fake", "2.0", "0" * 64, "parity_fake", (), ()), tmp_path / "none")
+
+
+# ------------------------------------------------------------------ 2.5: the trainer's IndexTTS-2.5 family against it
+
+def family25_batch(tmp_path, raw_text: list[list[int]], code_lens: list[int], langs: list[str], seed: int = 0,
+                   gpt_section: dict = GPT25):
+    """A batch as the 2.5 family's data path makes it from the 2.5 preprocessing's files (text ids with 0 and 1
+    among them, dropped there), and the raw batch upstream's reference gets (which drops them itself)."""
+    import json
+
+    import numpy as np
+
+    from trainers.data.features import FeatureDataset, collate_batch
+    from trainers.data.manifest import load_manifests, parse_manifest_spec
+    from trainers.families import FAMILIES
+
+    family = FAMILIES["indextts25"]
+    gpt = family.read_config(gpt_section)
+    g = torch.Generator().manual_seed(seed)
+    tmp_path = tmp_path / "batch"
+    (tmp_path / "f").mkdir(parents=True)
+    lines, raw = [], {"spk_emb": [], "emo_vec": [], "codes": []}
+    for i, (ids, m) in enumerate(zip(raw_text, code_lens)):
+        arrays = {"text_ids": np.asarray(ids, np.int32), "spk_emb": torch.randn(CAMPPLUS_DIM, generator=g).numpy(),
+                  "emo_vec": torch.randn(gpt.model_dim, generator=g).numpy(),
+                  "codes": torch.randint(0, gpt.start_mel_token, (m,), generator=g).numpy().astype(np.int32)}
+        np.savez(tmp_path / "f" / f"u{i}.npz", **arrays)
+        lines.append({"id": f"u{i}", "features": f"f/u{i}.npz", "lang": langs[i], "text_len": len(ids), "code_len": m})
+        for k in raw:
+            raw[k].append(torch.from_numpy(arrays[k]))
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = load_manifests([parse_manifest_spec(str(tmp_path / "m.jsonl"))], family.data_limits(gpt))
+    dataset = FeatureDataset(table, family.feature_spec(gpt))
+    ours = collate_batch([dataset[i] for i in range(len(dataset))])
+    width = max(map(len, raw_text))
+    reference = {"spk_emb": torch.stack(raw["spk_emb"]), "emo_vec": torch.stack(raw["emo_vec"]),
+                 "text_ids": torch.tensor([ids + [2] * (width - len(ids)) for ids in raw_text]),
+                 "text_lens": torch.tensor(list(map(len, raw_text))), "lang_ids": ours.inputs["lang_id"],
+                 "codes": torch.nn.utils.rnn.pad_sequence(raw["codes"], batch_first=True).long(),
+                 "code_lens": torch.tensor(code_lens)}
+    return family, gpt, ours, reference
+
+
+def family25_model(family, gpt, state):
+    model = family.build_model(gpt).eval()
+    model.load_state_dict({k: state[k] for k in model.state_dict()}, strict=True)
+    return model
+
+
+def test_the_25_familys_logits_and_losses_are_upstreams_campplus_pass(tmp_path):
+    """Our IndexTTS-2.5 model (its data path included: ids 0 and 1 dropped from the preprocessing's text ids, the
+    language's row) on upstream's campplus pass with the language embedding as prepare_gpt_inputs adds it.
+    Measured (x86-64, fp32, one thread): max |ours - upstream| 8.3e-7 (text logits), 1.2e-6 (mel logits), of logits
+    up to 2 in size; tolerance ATOL 1e-5. The loss sums (next test): text 0 difference on 56.6, mel 4e-6 on 56.0."""
+    state = campplus_state(seed=4)
+    raw = [[35, 0, 7, 1, 9, 12], [33, 8, 0, 0], [31, 5, 6, 7, 8, 9, 10, 1]]
+    family, gpt, ours, reference = family25_batch(tmp_path, raw, [4, 7, 2], ["en", "ja", "yue"], seed=2)
+    assert ours.inputs["text_lens"].tolist() == [4, 2, 7] and ours.inputs["lang_id"].tolist() == [0, 7, 99]
+    model = family25_model(family, gpt, state)
+    ref = campplus_reference(state, GPT25, reference)
+    with torch.no_grad():
+        text_logits, mel_logits = model(**ours.inputs, layout="upstream")
+    assert ref["text_logits"].abs().max() > 0.5 and ref["mel_logits"].abs().max() > 0.5
+    assert_close(text_logits, ref["text_logits"], atol=ATOL, what="text logits")
+    assert_close(mel_logits, ref["mel_logits"], atol=ATOL, what="mel logits")
+    assert torch.equal(model.text_io(ours.text_ids, ours.text_lens)[1], ref["text_targets"])
+    assert torch.equal(model.mel_io(ours.codes, ours.code_lens)[1], ref["mel_targets"])
+
+
+def test_the_25_familys_loss_sums_are_upstreams_cross_entropy(tmp_path):
+    state = campplus_state(seed=5)
+    raw = [[35, 0, 7, 9, 11], [33, 8, 1, 4, 5], [31, 5, 6, 7]]  # 4 ids each once 0 and 1 are dropped: no text padding
+    family, gpt, ours, reference = family25_batch(tmp_path, raw, [6, 2, 5], ["en", "zh", "ar"], seed=3)
+    want = campplus_reference(state, GPT25, reference)
+    with torch.no_grad():
+        got = family25_model(family, gpt, state).loss_sums(**ours.inputs)
+    for key in ("text_ce", "mel_ce"):
+        assert_close(got[key].float(), want[key], atol=ATOL, rtol=1e-5, what=key)
+    for key in ("text_tokens", "mel_tokens", "mel_correct"):
+        assert int(got[key]) == int(want[key]), key
+
+
+def test_the_25_familys_greedy_codes_are_upstreams_inference_speech(tmp_path):
+    from trainers.model.generation import generate_codes
+
+    state = campplus_state(seed=6, stop_bias=1.0)
+    raw = [[35, 0, 7, 9, 12], [33, 8, 4]]
+    family, gpt, ours, reference = family25_batch(tmp_path, raw, [1, 1], ["es", "es"], seed=4)
+    model = family25_model(family, gpt, state)
+    c = campplus_upstream(state, GPT25)
+    got = generate_codes(model, ours.text_ids, ours.text_lens, 10, **ours.conditioning)
+    for i in range(2):
+        n = int(ours.text_lens[i])
+        want = campplus_generate(c, reference["spk_emb"][i:i + 1], reference["emo_vec"][i:i + 1],
+                                 ours.text_ids[i:i + 1, :n], lang_id=3, max_codes=10)[0]
+        assert got.codes[i].tolist() + ([GPT25["stop_mel_token"]] if got.stopped[i] else []) == want, i
+
+
+def full_config25(path, gpt: dict) -> None:
+    """A full IndexTTS-2.5 config.yaml: the other keys infer_v2_5 reads (no dataset section), version 2.5."""
+    import yaml
+
+    from tests.demo_runs import INFERENCE_SECTIONS
+
+    sections = yaml.safe_load(INFERENCE_SECTIONS.read_text(encoding="utf-8"))
+    sections.pop("dataset")
+    path.write_text(yaml.safe_dump({"gpt": gpt, **sections, "version": 2.5}, sort_keys=False), encoding="utf-8")
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_25_runs_export_is_the_campplus_key_set_upstream_loads_strictly_and_generates_from(demo25_assets, tmp_path,
+                                                                                             lora):
+    """A 2.5 run (full, and LoRA: its adapters merged) started from a base in upstream's campplus layout (every key
+    of its constructor, the emotion encoders included), exported: gpt.pth holds exactly that key set
+    (load_strict_campplus: strict=True), the carried tensors bit-identical; full: the trained tensors the run's;
+    LoRA: the logits of the adapted model (base + adapters, built here) within 2e-5; the tokenizer under the name
+    infer_v2_5 opens; and upstream's inference_speech generates from it the greedy codes the trainer's own
+    generation gives."""
+    import yaml
+
+    from tests.demo_runs import DEMO25_CONFIG, final_state, train_here
+    from trainers.families import FAMILIES
+    from trainers.model.generation import generate_codes
+    from trainers.model.lora import LoraSettings, add_adapters
+    from trainers.tools import export_checkpoint
+
+    gpt = {**yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"], "condition_module": ENCODER,
+           "emo_condition_module": ENCODER}
+    torch.manual_seed(0)
+    base_state = campplus_model(gpt).state_dict()
+    torch.save({"model": {**base_state, "inference_model.lm_head.weight": torch.zeros(2, 2)}}, tmp_path / "base.pth")
+    flags = list(demo25_assets)
+    flags[flags.index("--base-checkpoint") + 1] = str(tmp_path / "base.pth")
+    run = tmp_path / "run"
+    done = train_here(run, *flags, "--max-steps", "3", "--save-interval", "3", "--val-interval", "0",
+                      *(["--lora-rank", "4", "--learning-rate", "2e-2"] if lora else []))
+    assert done.returncode == 0, done.stderr
+    full_config25(tmp_path / "config.yaml", gpt)
+    assert export_checkpoint.main([str(run), "--out", str(tmp_path / "out"), "--config", str(tmp_path / "config.yaml")]) == 0
+    exported = torch.load(tmp_path / "out" / "gpt.pth", weights_only=True)["model"]
+    assert {k: tuple(v.shape) for k, v in exported.items()} == campplus_keys(gpt)
+    family = FAMILIES["indextts25"]
+    config = family.read_config(gpt)
+    model = family.build_model(config).eval()
+    model.load_state_dict({k: exported[k] for k in model.state_dict()})
+    ckpt = final_state(run)
+    if lora:
+        assert all(torch.equal(exported[k], base_state[k]) for k in exported if k not in model.state_dict())
+        adapted = family.build_model(config)
+        adapted.load_state_dict({k: base_state[k] for k in adapted.state_dict()})
+        s = ckpt.lora
+        add_adapters(adapted, LoraSettings(s["rank"], s["alpha"], tuple(s["targets"]), s["dropout"]), 0)
+        adapted.load_state_dict(ckpt.model, strict=False)
+        raw = [[35, 0, 7, 9, 12], [33, 8, 4]]
+        _, _, batch, _ = family25_batch(tmp_path, raw, [5, 3], ["en", "ja"], seed=8, gpt_section=gpt)
+        with torch.no_grad():
+            worst = max(float((a - b).abs().max()) for a, b in zip(adapted.eval()(**batch.inputs), model(**batch.inputs)))
+        assert not torch.equal(exported["gpt.h.0.attn.c_attn.weight"], base_state["gpt.h.0.attn.c_attn.weight"])
+        assert worst < 2e-5, worst
+    else:
+        for key, value in exported.items():
+            assert torch.equal(value, (ckpt.model if key in ckpt.model else base_state)[key]), key
+        assert not torch.equal(exported["lang_embedding.weight"], base_state["lang_embedding.weight"])  # it trained
+    tokenizer = flags[flags.index("--tokenizer") + 1]
+    assert (tmp_path / "out" / "multilingual_zh_ja_yue_char_del.tiktoken").read_bytes() == open(tokenizer, "rb").read()
+    written = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert written["version"] == 2.5 and "dataset" not in written and written["gpt"]["number_text_tokens"] == 2400
+
+    c = campplus_upstream(exported, gpt)  # strict=True inside (load_strict_campplus)
+    g = torch.Generator().manual_seed(1)
+    text = torch.randint(2, 700, (1, 6), generator=g)
+    spk_emb, emo_vec = torch.randn(1, CAMPPLUS_DIM, generator=g), torch.randn(1, 64, generator=g)
+    ours = generate_codes(model, text, torch.tensor([6]), 12, spk_emb=spk_emb, emo_vec=emo_vec,
+                          lang_id=torch.tensor([0]))
+    want = campplus_generate(c, spk_emb, emo_vec, text, lang_id=0, max_codes=12)[0]
+    assert len(want) >= 1 and ours.codes[0].tolist() + ([129] if ours.stopped[0] else []) == want

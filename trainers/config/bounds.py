@@ -133,6 +133,7 @@ BOUNDS: dict[str, Bound] = {
     "lora_rank": Bound(int, 0, MAX_LORA_RANK),
     "lora_alpha": _finite(0.0, low_open=True),
     "lora_dropout": _finite(0.0, 1.0, high_open=True),
+    "new_rows_lr_scale": _finite(0.0, 1000.0, low_open=True),
 }
 
 

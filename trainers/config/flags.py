@@ -165,6 +165,12 @@ def _optimisation_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
     opt.add_argument("--freeze-base-vocab", action=argparse.BooleanOptionalAction,
                      help="keep the base checkpoint's text embedding/head rows bit-identical "
                           "[on when the tokenizer extends the base vocabulary]")
+    opt.add_argument("--new-language", dest="new_languages", type=language_codes, metavar="CODE[,CODE...]",
+                     help="IndexTTS-2.5: train these languages' rows (lang_embedding, and the <|xx|> token's text "
+                          "rows where it has one) and hold every other row of those tables bit-identical")
+    _num(opt, "--new-rows-lr-scale", d.new_rows_lr_scale,
+         "learning rate of the tables whose rows train while the others are held (--new-language, an extended "
+         "vocabulary), as a multiple of the run's")
     _lora_flags(opt, d)
 
 
@@ -175,6 +181,14 @@ def _lora_flags(opt: argparse._ArgumentGroup, d: TrainConfig) -> None:
                      help=f"projections of each GPT block that carry adapters, from {', '.join(LORA_TARGET_PATHS)} "
                           f"[all four]")
     _num(opt, "--lora-dropout", d.lora_dropout, "dropout on each adapter's input, keyed by sample")
+
+
+def language_codes(text: str) -> tuple[str, ...]:
+    """'tr,az' -> ('tr', 'az'): lower-cased, each once (which codes exist is the model family's to check)."""
+    codes = tuple(dict.fromkeys(code.strip().lower() for code in text.split(",") if code.strip()))
+    if not codes:
+        raise argparse.ArgumentTypeError(f"expected language codes separated by commas, got {text!r}")
+    return codes
 
 
 def lora_targets(text: str) -> tuple[str, ...]:

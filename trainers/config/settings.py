@@ -53,6 +53,11 @@ class TrainConfig:
     train_samples: int = 0  # a seed-keyed subset of this many training samples (0: all of them)
     # None until resolved: on when the tokenizer extends the base checkpoint's vocabulary.
     freeze_base_vocab: bool | None = None
+    # A model family with language rows (IndexTTS-2.5): these languages' rows train (their lang_embedding row and
+    # <|xx|> token row), every other row of those tables is held bit-identical. The learning rate of the tables
+    # whose rows are partly held (these, or an extended vocabulary's text tables) times new_rows_lr_scale.
+    new_languages: tuple[str, ...] = ()
+    new_rows_lr_scale: float = 1.0
     # LoRA (trainers/model/lora.py): rank 0 is full fine-tuning. alpha None until resolved: 2 x rank, so the
     # adapters' scale alpha/rank is 2 whatever the rank (a rank change then needs no new learning rate; the
     # ratio 2 is the common choice of LoRA fine-tuning recipes). Adapter dropout 0: the model's own --dropout
@@ -112,16 +117,20 @@ class TrainConfig:
         d["val_manifests"] = list(self.val_manifests)
         d["lora_targets"] = list(self.lora_targets)
         d["base_languages"] = list(self.base_languages)
+        d["new_languages"] = list(self.new_languages)
         if not self.lora_rank:
             # A full fine-tuning run saves exactly the settings it saved before LoRA existed (byte-identical files).
             for key in LORA_KEYS:
+                del d[key]
+        for key in NEW_ROW_KEYS:  # likewise a run without new-language rows (every run before they existed)
+            if getattr(self, key) == LEGACY_VALUES[key]:
                 del d[key]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
         values = {k: v for k, v in d.items() if k in FIELD_NAMES}
-        for key in ("train_manifests", "val_manifests", "lora_targets", "base_languages"):
+        for key in ("train_manifests", "val_manifests", "lora_targets", "base_languages", "new_languages"):
             if key in values:
                 values[key] = tuple(values[key])
         return cls(**values)
@@ -129,6 +138,7 @@ class TrainConfig:
 
 FIELD_NAMES = frozenset(f.name for f in fields(TrainConfig))
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout")
+NEW_ROW_KEYS = ("new_languages", "new_rows_lr_scale")
 # The run fingerprint naming a LoRA run's base: the sha256 of its --base-checkpoint file (trainers/run/inputs.py).
 BASE_FINGERPRINT = "base_checkpoint_sha256"
 
@@ -150,6 +160,8 @@ LEGACY_VALUES: dict[str, Any] = {
     "lora_alpha": None,
     "lora_targets": tuple(LORA_TARGET_PATHS),
     "lora_dropout": 0.0,
+    "new_languages": (),  # before language rows: none held, none singled out
+    "new_rows_lr_scale": 1.0,
     "early_stop_patience": 0,  # before early stopping: never
     "forgetting_limit": 0.0,  # before the forgetting guard: no guard
     "forgetting_metric": "mel_loss",
@@ -205,7 +217,7 @@ EXACTNESS_KEYS = (
     "seed", "effective_batch", "learning_rate", "warmup_steps", "lr_decay_steps", "min_lr_ratio",
     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "grad_clip", "text_loss_weight",
     "mel_loss_weight", "dropout", "dropout_masks", "freeze_base_vocab", "data_order", "train_samples",
-    *LORA_KEYS,
+    *LORA_KEYS, *NEW_ROW_KEYS,
 )
 # How this machine runs a step: never carried to another machine (see resolve.py).
 HARDWARE_KEYS = ("batch_size", "grad_accumulation", "num_workers", "device", "val_batch_size")

@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from trainers.data.demo_corpus import (  # DemoCorpusSpec lives with the corpus it shapes; imported from here too
     FEATURES_DIR, MAX_PATTERN, TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME, DemoCorpusSpec, corpus_alphabet,
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 2  # 2: text upper-cased before tokenizing, as IndexTTS2's front end does
 
 READY_NAME = "READY"
-# Entries this module may find in (and therefore delete from) a demo root.
+# Entries this module may find in (and therefore delete from) a demo root; a model family's demo tokenizer
+# file name (ModelFamily.demo_tokenizer_name) is added by `ensure_demo_assets`.
 _OWNED_ENTRIES = frozenset(
     {READY_NAME, TOKENIZER_NAME, FEATURES_DIR, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME}
 )
@@ -52,7 +54,18 @@ class DemoAssets:
 # ---------------------------------------------------------------------------
 
 
-def ensure_demo_assets(root: Path, spec: DemoCorpusSpec = DemoCorpusSpec()) -> DemoAssets:
+@dataclass(frozen=True)
+class CorpusMaker:
+    """How a model family's demo corpus is made: its generator, tokenizer file name and version (IndexTTS2's
+    by default; the version is part of the READY marker's fingerprint where it is not IndexTTS2's)."""
+
+    generate: Callable[[Path, DemoCorpusSpec], None] | None = None  # None: IndexTTS2's (this module's `generate`)
+    tokenizer_name: str = TOKENIZER_NAME
+    variant: str = ""
+
+
+def ensure_demo_assets(root: Path, spec: DemoCorpusSpec = DemoCorpusSpec(), maker: CorpusMaker = CorpusMaker(),
+                       ) -> DemoAssets:
     """Return the demo corpus under ``root``, generating it first if needed.
 
     A corpus is reused only when its ``READY`` marker matches ``spec``; the
@@ -61,30 +74,30 @@ def ensure_demo_assets(root: Path, spec: DemoCorpusSpec = DemoCorpusSpec()) -> D
     """
     root = Path(root).absolute()
     _validate_spec(spec)
-    fingerprint = spec_fingerprint(spec)
-    if _is_ready(root, fingerprint):
+    fingerprint = spec_fingerprint(spec, maker.variant)
+    if _is_ready(root, fingerprint, maker.tokenizer_name):
         logger.info("Reusing demo corpus at %s", root)
-        return _assets(root)
+        return _assets(root, maker.tokenizer_name)
 
     if root.exists():
-        _check_owned(root)  # fail before spending time on generation
+        _check_owned(root, maker.tokenizer_name)  # fail before spending time on generation
     root.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
     try:
-        generate(tmp, spec)
+        (maker.generate or generate)(tmp, spec)
         (tmp / READY_NAME).write_text(fingerprint + "\n", encoding="utf-8")
-        _install(tmp, root, fingerprint)
+        _install(tmp, root, fingerprint, maker.tokenizer_name)
     finally:
         # No-op after a successful rename; cleans up after failures.
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("Generated demo corpus at %s in %.2fs", root, time.perf_counter() - start)
-    return _assets(root)
+    return _assets(root, maker.tokenizer_name)
 
 
-def spec_fingerprint(spec: DemoCorpusSpec) -> str:
-    """Stable hash of the spec (plus format version) stored in the READY marker."""
-    payload = {"format_version": FORMAT_VERSION, **dataclasses.asdict(spec)}
+def spec_fingerprint(spec: DemoCorpusSpec, variant: str = "") -> str:
+    """Stable hash of the spec (plus format version, and a family's variant) stored in the READY marker."""
+    payload = {"format_version": FORMAT_VERSION, **dataclasses.asdict(spec), **({"variant": variant} if variant else {})}
     blob = json.dumps(payload, sort_keys=True).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
 
@@ -94,31 +107,31 @@ def spec_fingerprint(spec: DemoCorpusSpec) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _assets(root: Path) -> DemoAssets:
+def _assets(root: Path, tokenizer_name: str = TOKENIZER_NAME) -> DemoAssets:
     return DemoAssets(
         root=root,
-        tokenizer=root / TOKENIZER_NAME,
+        tokenizer=root / tokenizer_name,
         train_manifest=root / TRAIN_MANIFEST_NAME,
         val_manifest=root / VAL_MANIFEST_NAME,
     )
 
 
-def _is_ready(root: Path, fingerprint: str) -> bool:
+def _is_ready(root: Path, fingerprint: str, tokenizer_name: str = TOKENIZER_NAME) -> bool:
     marker = root / READY_NAME
     if not marker.is_file():
         return False
     if marker.read_text(encoding="utf-8").strip() != fingerprint:
         return False
-    assets = _assets(root)
+    assets = _assets(root, tokenizer_name)
     # Cheap sanity check against a corpus someone partly deleted by hand.
     return all(p.is_file() for p in (assets.tokenizer, assets.train_manifest, assets.val_manifest))
 
 
-def _install(tmp: Path, root: Path, fingerprint: str) -> None:
+def _install(tmp: Path, root: Path, fingerprint: str, tokenizer_name: str = TOKENIZER_NAME) -> None:
     """Atomically move a finished corpus from ``tmp`` to ``root``."""
     stale: Path | None = None
     if root.exists():
-        _check_owned(root)
+        _check_owned(root, tokenizer_name)
         # Move the old corpus aside first: renaming onto a non-empty dir fails.
         stale = Path(tempfile.mkdtemp(prefix=f".{root.name}.stale-", dir=root.parent))
         os.replace(root, stale / "old")
@@ -126,7 +139,7 @@ def _install(tmp: Path, root: Path, fingerprint: str) -> None:
         os.rename(tmp, root)
     except OSError:
         # Another process may have installed the same corpus concurrently.
-        if not _is_ready(root, fingerprint):
+        if not _is_ready(root, fingerprint, tokenizer_name):
             raise
         logger.info("Demo corpus at %s was installed concurrently; using it", root)
     finally:
@@ -134,11 +147,12 @@ def _install(tmp: Path, root: Path, fingerprint: str) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _check_owned(root: Path) -> None:
+def _check_owned(root: Path, tokenizer_name: str = TOKENIZER_NAME) -> None:
     """Refuse to delete a directory that holds anything we did not write."""
     if not root.is_dir():
         raise FileExistsError(f"demo root {root} exists and is not a directory")
-    foreign = sorted(p.name for p in root.iterdir() if p.name not in _OWNED_ENTRIES)
+    owned = _OWNED_ENTRIES | {tokenizer_name}
+    foreign = sorted(p.name for p in root.iterdir() if p.name not in owned)
     if foreign:
         raise FileExistsError(
             f"refusing to regenerate demo corpus in {root}: it contains unrelated "

@@ -180,6 +180,9 @@ def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: 
         _load_one(spec, check)
     if check.problems:
         raise ManifestError(check.problems)
+    if check.dropped_ids and limits.forms.dropped_note:  # once, when the manifests are checked
+        logger.info("%s: %s", flag, limits.forms.dropped_note.format(samples=check.samples_with_dropped,
+                                                                     ids=check.dropped_ids))
     table = check.table.build()
     duplicates = repeated_ids(np.frombuffer(check.table.id_hashes, dtype=np.int64), table.ids)
     folders = check.folders.arrays(table.folders.strings(), check.table.file_index)

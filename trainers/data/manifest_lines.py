@@ -56,6 +56,9 @@ class LineForm:
     condition: str
     emo_vec: str
     language: str = "language"  # the optional field naming the sample's language
+    # A field that, where a line has it, names the language the sample is trained as instead (the 2.5
+    # preprocessing's lang_alias: a borrowed language code).
+    language_alias: str | None = None
     required: tuple[str, ...] = ()  # filled in by __post_init__; read once per line
 
     def __post_init__(self) -> None:
@@ -108,13 +111,32 @@ def _detect_form(obj: dict[str, Any]) -> LineForm | None:
 
 
 @dataclass(frozen=True)
+class TextIds:
+    """What a family reads of a line's text ids file when its model drops some ids (ManifestForms.count_text_ids):
+    the ids in the file, and those the model keeps (the length the sample table holds)."""
+
+    in_file: int
+    kept: int
+
+
+@dataclass(frozen=True)
 class ManifestForms:
     """The line forms of a model family's manifests: `detect` picks a line's form (for a partial line the
-    closest, so the error names its missing fields), `hint` says how the forms are told apart."""
+    closest, so the error names its missing fields), `hint` says how the forms are told apart.
+
+    Two optional checks of a family: `count_text_ids(path)` reads a text ids file when the model keeps fewer ids
+    than the file holds (TextIds, or what is wrong with the file): the table's text_len is then the kept count, so
+    a step's token counts are what the model sees, and the line's text_len is checked against the file here
+    (`dropped_note`, with {samples} and {ids}, is said once when ids were dropped); `language_problem(lang)` says
+    what is wrong with a sample's language (None: nothing).
+    """
 
     name: str
     detect: Callable[[dict[str, Any]], LineForm | None]
     hint: str
+    count_text_ids: Callable[[str], "TextIds | str"] | None = None
+    dropped_note: str = ""
+    language_problem: Callable[[str | None], str | None] | None = None
 
 
 INDEXTTS2_FORMS = ManifestForms("indextts2", _detect_form, _FORM_HINT)
@@ -131,6 +153,10 @@ class Validator:
     # One stat per unique feature path: what is wrong with it, "" for a readable regular file.
     file_problems: dict[str, str] = field(default_factory=dict)
     folders: FolderRecord = field(default_factory=FolderRecord)
+    # The family's count of each text ids file (ManifestForms.count_text_ids), and what was dropped.
+    text_ids: dict[str, TextIds | str] = field(default_factory=dict)
+    dropped_ids: int = 0
+    samples_with_dropped: int = 0
 
     def file_problem(self, path: str) -> str:
         problem = self.file_problems.get(path)
@@ -167,12 +193,38 @@ class FileContext:
                 self.good[raw] = self.check.table.file(path)
         return entry
 
+    def family_checks(self, text_raw: str, text_key: str, text_len: int, lang: str | None) -> tuple[int, str | None]:
+        """The family's own checks of a line (ManifestForms): (the text length the table keeps, a problem or None)."""
+        forms = self.check.limits.forms
+        if forms.language_problem is not None:
+            problem = forms.language_problem(self.lang if self.lang is not None else lang)
+            if problem:
+                return text_len, problem
+        if forms.count_text_ids is None:
+            return text_len, None
+        path = self.feature(text_raw)[0]
+        counted = self.check.text_ids.get(path)
+        if counted is None:
+            counted = self.check.text_ids[path] = forms.count_text_ids(path)
+        if isinstance(counted, str):
+            return text_len, f"{text_key} {path}: {counted}"
+        if counted.in_file != text_len:
+            return text_len, (f"{text_key} {path} holds {counted.in_file} ids but the line says text_len {text_len}; "
+                              "regenerate the manifest or the feature")
+        if counted.kept < 1:
+            return text_len, f"{text_key} {path}: no id is left once the ids the model drops are dropped; drop this sample"
+        return counted.kept, None
+
     def add(self, sample_id: str, text_len: int, code_len: int, line: int, lang: str | None, speaker: str | None,
-            raws: list[str]) -> None:
+            raws: list[str], kept_text_len: int | None = None) -> None:
         if self.manifest < 0:
             self.manifest = self.check.table.manifest(self.name)
         files = [self.good[raw] for raw in raws]
-        self.check.table.add(sample_id, text_len, code_len, self.manifest, line,
+        kept = text_len if kept_text_len is None else kept_text_len
+        if kept != text_len:
+            self.check.dropped_ids += text_len - kept
+            self.check.samples_with_dropped += 1
+        self.check.table.add(sample_id, kept, code_len, self.manifest, line,
                              self.lang if self.lang is not None else lang, speaker, files)
 
 
@@ -259,9 +311,14 @@ def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
         if type(raw) is not str or not raw or (raw not in ctx.good and ctx.feature(raw)[1]):
             return False
     speaker, lang = _name(obj.get("speaker")), _name(obj.get(form.language))
-    if speaker is False or lang is False:
+    alias = _name(obj.get(form.language_alias)) if form.language_alias else None
+    if speaker is False or lang is False or alias is False:
         return False
-    ctx.add(sample_id, text_len, code_len, line, lang, speaker, raws)
+    lang = alias or lang
+    kept, problem = ctx.family_checks(raws[0], form.text_ids, text_len, lang)
+    if problem:
+        return False
+    ctx.add(sample_id, text_len, code_len, line, lang, speaker, raws, kept)
     return True
 
 
@@ -293,8 +350,13 @@ def check_line(obj: Any, ctx: FileContext, line: int) -> None:
     problems += (_path_problem(key, obj[key], ctx)[1] for key in dict.fromkeys(form.path_keys))
     speaker, speaker_problem = _optional_str(obj, "speaker")
     line_lang, lang_problem = _optional_str(obj, form.language)
-    problems += (speaker_problem, lang_problem)
+    alias, alias_problem = _optional_str(obj, form.language_alias) if form.language_alias else (None, None)
+    problems += (speaker_problem, lang_problem, alias_problem)
+    if not any(problems):
+        line_lang = alias or line_lang
+        kept, family_problem = ctx.family_checks(obj[form.text_ids], form.text_ids, text_len, line_lang)
+        problems.append(family_problem)
     if any(problems):
         check.problems.extend(f"{src}: {p}" for p in problems if p)
         return
-    ctx.add(sample_id, text_len, code_len, line, line_lang, speaker, [obj[key] for key in form.path_keys])
+    ctx.add(sample_id, text_len, code_len, line, line_lang, speaker, [obj[key] for key in form.path_keys], kept)

@@ -12,12 +12,13 @@ from typing import Any, Mapping
 
 from trainers.checkpoint.schema import FIRST_FAMILY
 from trainers.errors import UserError
-from trainers.families import indextts2
+from trainers.families import indextts2, indextts25
 from trainers.families.family import ModelFamily
 
 # The registry, one line per family; the first takes every config no other claims.
 FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (
     indextts2.FAMILY,
+    indextts25.FAMILY,
 )}
 assert next(iter(FAMILIES)) == FIRST_FAMILY, "the first family is the one of checkpoints that name none"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from torch import nn
 
@@ -49,6 +49,22 @@ class ModelFamily:
     claims: Callable[[Mapping[str, Any]], bool]
     # --demo: its corpus, tokenizer and base checkpoint under a folder, for a gpt config.
     make_demo: Callable[[Path, GPTConfig], None]
+    # Keys every state dict of this family holds and no other family's does (how a base checkpoint is told
+    # apart; () for none), and the name of --demo's tokenizer file in the demo folder.
+    state_signature: tuple[str, ...] = ()
+    demo_tokenizer_name: str = "bpe.model"
+    # The tokenizer's file name in an export: None keeps the run's own (inference reads it from the config key
+    # above); a name where inference opens a fixed one.
+    export_tokenizer_name: str | None = None
+    inference_name: str = "IndexTTS2"  # upstream's inference, as messages name it
+    demo_output_dir: str = "runs/demo"  # --demo's run directory when --output-dir is not given
+    # --new-language: the rows of each table that train for these languages (every other row of the table held);
+    # ValueError for a code it does not know. None: the family has no language rows.
+    language_rows: Callable[[int, tuple[str, ...]], dict[str, list[int]]] | None = None
+
+    def holds_state(self, keys: Collection[str]) -> bool:
+        """Whether a state dict with these keys is one of this family's (by its signature)."""
+        return bool(self.state_signature) and all(k in keys for k in self.state_signature)
 
     def read_config(self, section: Mapping[str, Any], **overrides: Any) -> GPTConfig:
         """The gpt section's config; ValueError with one `gpt.KEY ...` problem per line."""

@@ -1,4 +1,5 @@
-"""Keep the base vocabulary's rows of the text embedding and text head bit-identical.
+"""Keep the base vocabulary's rows of the text embedding and text head bit-identical (FrozenTextRows), or every row
+of some tables but a new language's (HeldRows).
 
 Zeroing their gradients is not enough: AdamW's decoupled weight decay shrinks every row of a
 decayed matrix, and moments left from earlier updates keep moving a row after its gradient
@@ -58,3 +59,53 @@ class FrozenTextRows:
         for p, ids, extra in zip(self.params, self.saved_ids, self.saved_extra):
             p[: self.base_tokens].copy_(ids)
             p[-1:].copy_(extra)
+
+
+@dataclass
+class HeldRows:
+    """Every row of some tables held bit-identical but the rows that train: a new language's lang_embedding row and
+    its <|xx|> token's text rows (IndexTTS-2.5, --new-language), in the order FrozenTextRows keeps (gradients
+    zeroed before clipping, the saved rows written back after each update). Masks and whole-table copies, not
+    index copies: elementwise, so deterministic on every device."""
+
+    names: list[str]
+    params: list[torch.nn.Parameter]
+    trained: list[list[int]]  # per table, the rows that train
+    held: list[torch.Tensor]  # per table, a bool mask over its rows, shaped to broadcast over the table
+    saved: list[torch.Tensor]
+
+    @classmethod
+    def capture(cls, model: torch.nn.Module, trained: dict[str, list[int]]) -> "HeldRows":
+        names = list(trained)
+        params = [model.get_parameter(name) for name in names]
+        held = []
+        for name, p in zip(names, params):
+            mask = torch.ones(p.shape[0], dtype=torch.bool, device=p.device)
+            rows = trained[name]
+            if any(not 0 <= r < p.shape[0] for r in rows):
+                raise ValueError(f"rows {rows} do not fit {name} of {p.shape[0]} rows")
+            mask[rows] = False
+            held.append(mask.view(-1, *([1] * (p.dim() - 1))))
+        return cls(names, params, [list(trained[n]) for n in names], held, [p.detach().clone() for p in params])
+
+    def describe(self) -> str:
+        """'lang_embedding.weight[9, 99], text_embedding.weight[...]': the rows that train."""
+        return ", ".join(f"{name}{rows}" for name, rows in zip(self.names, self.trained))
+
+    def state_dict(self) -> dict[str, dict[str, list[int]]]:
+        # The rows' values live in the model section; which rows train is the state here.
+        return {"trained_rows": dict(zip(self.names, self.trained))}
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """After the model section is restored: the rows to hold are the restored model's."""
+        self.saved = [p.detach().clone() for p in self.params]
+
+    def zero_grads(self) -> None:
+        for p, held in zip(self.params, self.held):
+            if p.grad is not None:
+                p.grad.masked_fill_(held, 0)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for p, held, saved in zip(self.params, self.held, self.saved):
+            p.copy_(torch.where(held, saved, p))

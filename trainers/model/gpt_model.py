@@ -24,7 +24,7 @@ docs/architecture.md and both invisible to inference:
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,7 @@ _LOWEST = {"model_dim": 1, "layers": 1, "heads": 1, "max_text_tokens": 1, "max_m
 class GPTConfig:
     """The `gpt` section of an IndexTTS2 config.yaml that the training path needs."""
 
+    OFFICIAL: ClassVar[Mapping[str, int]] = _OFFICIAL  # the official config's values, quoted in messages
     model_dim: int
     layers: int
     heads: int
@@ -94,7 +95,8 @@ class GPTConfig:
         mel vocabulary, as in the official config: the data check takes every id below
         start_mel_token for a semantic code, so specials anywhere else would collide with codes.
         """
-        problems = [f"gpt.{f.name} is missing; add it (the official config has {f.name}: {_OFFICIAL[f.name]})"
+        official = cls.OFFICIAL
+        problems = [f"gpt.{f.name} is missing; add it (the official config has {f.name}: {official[f.name]})"
                     for f in fields(cls) if f.name not in values and f.name not in supplied and f.default is MISSING]
         # Special token ids the section leaves out take their defaults, which must fit the section too.
         full = {f.name: f.default for f in fields(cls) if f.name in _LOWEST and f.default is not MISSING}
@@ -107,10 +109,10 @@ class GPTConfig:
         for name, value in full.items():
             if type(value) is not int:  # bool is an int subclass: refuse it too
                 problems.append(f"gpt.{name} must be a whole number, {got(name)} ({type(value).__name__}); write "
-                                f"digits only, e.g. {name}: {_OFFICIAL[name]} as in the official config")
+                                f"digits only, e.g. {name}: {official[name]} as in the official config")
             elif value < _LOWEST[name]:
                 problems.append(f"gpt.{name} must be at least {_LOWEST[name]}, {got(name)}; the official config has "
-                                f"{name}: {_OFFICIAL[name]}")
+                                f"{name}: {official[name]}")
             else:
                 ok[name] = value
         if "model_dim" in ok and "heads" in ok and ok["model_dim"] % ok["heads"]:
@@ -127,7 +129,7 @@ class GPTConfig:
             if tokens is not None and name in ok and ok[name] >= tokens:
                 problems.append(f"gpt.{name} must be an id of the text vocabulary (0..{tokens - 1}), {got(name)}; use "
                                 f"the id of the tokenizer's {name.split('_')[0]} piece (the official config: "
-                                f"{_OFFICIAL[name]})")
+                                f"{official[name]})")
         if "start_text_token" in ok and ok.get("stop_text_token") == ok["start_text_token"]:
             problems.append(f"gpt.stop_text_token equals gpt.start_text_token ({ok['start_text_token']}); they must "
                             "differ (the official config: 0 and 1)")
@@ -358,16 +360,21 @@ class UnifiedVoiceGPT(nn.Module):
         h_text, h_mel, text_tgt, mel_tgt = self._teacher_forced(conditioning, text_ids, text_lens, codes, code_lens,
                                                                 dropout_keys, "packed", packed_len)
         t_valid, m_valid = text_tgt >= 0, mel_tgt >= 0
-        text_logits = self.text_head(h_text[t_valid]).float()
         mel_logits = self.mel_head(h_mel[m_valid]).float()
         mel_targets = mel_tgt[m_valid]
         return {
-            "text_ce": summed_cross_entropy(text_logits, text_tgt[t_valid], self.deterministic_loss),
+            "text_ce": self.text_cross_entropy(h_text[t_valid], text_tgt[t_valid]),
             "mel_ce": summed_cross_entropy(mel_logits, mel_targets, self.deterministic_loss),
             "text_tokens": t_valid.sum(),
             "mel_tokens": m_valid.sum(),
             "mel_correct": (mel_logits.argmax(-1) == mel_targets).sum(),
         }
+
+    def text_cross_entropy(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The summed text loss of final-normed hidden states [N, D] against their targets [N]: the text head's
+        logits in one block (a family with a wide text head computes them in blocks: trainers/model/cross_entropy.py
+        chunked_head_cross_entropy)."""
+        return summed_cross_entropy(self.text_head(h).float(), targets, self.deterministic_loss)
 
     def forward(
         self,

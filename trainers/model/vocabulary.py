@@ -57,12 +57,19 @@ def check_extends(old_path: str | None, new_path: str, checkpoint: Path) -> None
 
 
 class TokenizerAdapter(Protocol):
-    """A model family's tokenizer: what --tokenizer names, its size, whether one extends another, the
+    """A model family's tokenizer: what --tokenizer names, its size, whether a file is of its kind, whether one
+    extends another, what its size must be beside the config's gpt.number_text_tokens (a problem, or None), the
     library's own tokenizer object (for the experiment API)."""
 
     kind: str  # what --tokenizer takes, for messages: "SentencePiece model"
+    # Whether a fresh start re-encodes the manifests' first texts with it (trainers/data/tokenizer_fit.py).
+    checks_manifest_text: bool
 
     def size(self, path: str | None) -> int: ...
+
+    def recognises(self, path: str) -> bool: ...
+
+    def config_size_problem(self, size: int, configured: int | None) -> str | None: ...
 
     def check_extends(self, old_path: str | None, new_path: str, checkpoint: Path) -> None: ...
 
@@ -74,9 +81,20 @@ class SentencePieceTokenizer:
     """IndexTTS2's tokenizer (bpe.model), through the functions above."""
 
     kind: str = "SentencePiece model"
+    checks_manifest_text: bool = True
 
     def size(self, path: str | None) -> int:
         return tokenizer_size(path)
+
+    def recognises(self, path: str) -> bool:
+        try:
+            spm.SentencePieceProcessor(model_file=path)
+            return True
+        except Exception:  # noqa: BLE001 - sentencepiece raises several types for what is not a model
+            return False
+
+    def config_size_problem(self, size: int, configured: int | None) -> str | None:
+        return None  # the tokenizer's size is the model's, whatever the config says (a larger one extends it)
 
     def check_extends(self, old_path: str | None, new_path: str, checkpoint: Path) -> None:
         check_extends(old_path, new_path, checkpoint)

@@ -8,7 +8,7 @@ import torch
 
 from trainers.data.features import FeatureDataset
 from trainers.data.train_data import TrainData
-from trainers.model.frozen_rows import FrozenTextRows
+from trainers.model.frozen_rows import FrozenTextRows, HeldRows
 from trainers.config.settings import TrainConfig
 from trainers.model.lora import LoraSettings, add_adapters, is_adapter_key
 from trainers.model.weights import GPTWeights, load_base_weights
@@ -62,21 +62,37 @@ def add_lora(weights: GPTWeights, lora: LoraSettings, cfg: RunConfig) -> None:
     """
     adapted = add_adapters(weights.model, lora, cfg.settings.seed)
     trained = [k for k, _ in weights.model.named_parameters() if is_adapter_key(k)]
-    if cfg.vocab.extended:
-        for key in weights.layout.text_row_keys:
-            weights.model.get_parameter(key).requires_grad_(True)
-        trained += list(weights.layout.text_row_keys)
+    tables = list(weights.layout.text_row_keys) if cfg.vocab.extended else list(held_rows(cfg) or {})
+    for key in tables:
+        weights.model.get_parameter(key).requires_grad_(True)
+    trained += tables
     weights.trained_keys = tuple(trained)
     log.info("LoRA: rank %d, alpha %g (scale %g), adapter dropout %g on %d projections (%s); the base weights are "
              "frozen%s", lora.rank, lora.alpha, lora.scale, lora.dropout, len(adapted), ",".join(lora.targets),
-             "; text_embedding and text_head train (their base rows held exact)" if cfg.vocab.extended else "")
+             "; text_embedding and text_head train (their base rows held exact)" if cfg.vocab.extended else
+             f"; {', '.join(tables)} train (all but the rows of --new-language held exact)" if tables else "")
+
+
+def held_rows(cfg: RunConfig) -> dict[str, list[int]] | None:
+    """--new-language: the rows that train, by table (every other row of those tables held); None without it."""
+    if not cfg.settings.new_languages or cfg.family.language_rows is None:
+        return None
+    return cfg.family.language_rows(cfg.gpt.number_text_tokens, cfg.settings.new_languages)
 
 
 def build_optimization(cfg: RunConfig, weights: GPTWeights, amp_dtype: torch.dtype | None, device: torch.device,
                        schedule: LRSchedule) -> Optimization:
-    frozen = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens) if cfg.settings.freeze_base_vocab \
-        else None
-    return Optimization(weights.model, cfg.settings, amp_dtype == torch.float16, frozen, device.type, schedule)
+    held = held_rows(cfg)
+    if held:
+        frozen: FrozenTextRows | HeldRows | None = HeldRows.capture(weights.model, held)
+        scaled = frozenset(held)
+    elif cfg.settings.freeze_base_vocab:
+        frozen, scaled = FrozenTextRows.capture(weights.model, cfg.vocab.base_text_tokens), frozenset(
+            weights.layout.text_row_keys)
+    else:
+        frozen, scaled = None, frozenset()
+    return Optimization(weights.model, cfg.settings, amp_dtype == torch.float16, frozen, device.type, schedule,
+                        scaled)
 
 
 def build_data(cfg: RunConfig, inputs: RunInputs) -> tuple[TrainData, FeatureDataset | None]:

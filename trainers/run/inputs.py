@@ -25,6 +25,7 @@ from trainers.data.sample_table import SampleTable
 from trainers.data.tokenizer_fit import check_text_ids
 from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config
+from trainers.families.checks import refuse_other_base, refuse_other_features, refuse_other_manifests
 from trainers.files import dict_sha256, file_sha256, os_error_in_chain
 from trainers.training.forgetting import Guard, language_problems
 from trainers.model.gpt_model import GPTConfig
@@ -135,6 +136,8 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     try:
         train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
+        refuse_other_manifests(family, train_specs, "--train-manifest", cfg.config)
+        refuse_other_manifests(family, val_specs, "--val-manifest", cfg.config)
         said: set[str] = set()  # the flags' manifests often share feature folders: why they are stat'ed, said once
         train = read_manifests(train_specs, limits, "--train-manifest", cache_path(run_dir, "--train-manifest"), said)
         val = (read_manifests(val_specs, limits, "--val-manifest", cache_path(run_dir, "--val-manifest"), said)
@@ -146,6 +149,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     log.info("data: %d training samples from %d manifest(s), %d validation samples", len(train.table),
              len(train_specs), len(val.table) if val else 0)
     check_features_fit([train.table, *([val.table] if val else [])], family.feature_spec(gpt), cfg.config)
+    refuse_other_features(family, gpt, [train.table, *([val.table] if val else [])], cfg.config)
     fingerprints = {
         "data": train.fingerprint,
         "tokenizer": tokenizer_sha,
@@ -166,6 +170,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
         fingerprints[BASE_FINGERPRINT] = file_sha256(Path(cfg.base_checkpoint))
     base_state = read_state_dict(Path(cfg.base_checkpoint)) if cfg.base_checkpoint and read_base else None
     if base_state is not None:
+        refuse_other_base(family, base_state, Path(cfg.base_checkpoint), cfg.config)
         refuse_bad_values(base_state, Path(cfg.base_checkpoint))
         with torch.device("meta"):  # shapes only: the check costs no memory and writes nothing
             check_base_fits(Path(cfg.base_checkpoint), base_state, family.build_model(gpt).state_dict(),
@@ -182,8 +187,11 @@ def check_fresh_data(cfg: TrainConfig, inputs: RunInputs, tokenizer_check: bool 
     refuse_same_file(train_specs, val_specs)
     if inputs.val_samples is not None:
         warn_overlap(inputs.train_samples, inputs.val_samples)
-    if tokenizer_check:
+    if tokenizer_check and inputs.family.tokenizer.checks_manifest_text:
         check_text_ids([*train_specs, *val_specs], cfg.tokenizer)
+    elif tokenizer_check:
+        log.info("--tokenizer: the manifests' text ids are not re-encoded at start for %s (its front end's language "
+                 "normalisation does not run here); make them with indextts-retokenize", inputs.family.title)
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:
@@ -199,6 +207,10 @@ def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int, f
     section = model_yaml["gpt"]
     gpt = model_config(section, cfg.config, family, number_text_tokens=text_tokens, dropout=cfg.dropout)
     configured = section.get("number_text_tokens")
+    problem = family.tokenizer.config_size_problem(text_tokens, configured)
+    if problem:
+        raise UserError(f"--config {cfg.config}: {problem}; --tokenizer {cfg.tokenizer} and the config belong to "
+                        "different models or releases (nothing was written)")
     if configured is not None and configured != text_tokens:
         log.info("the tokenizer has %d pieces, --config says gpt.number_text_tokens %s: the model uses %d",
                  text_tokens, configured, text_tokens)

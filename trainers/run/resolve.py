@@ -24,6 +24,7 @@ from trainers.data.mixing import share_problems
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
+from trainers.families.checks import refuse_other_tokenizer
 from trainers.hardware.detect import library_versions
 from trainers.model.demo_base import BASE_NAME
 from trainers.model.gpt_model import GPTConfig
@@ -77,7 +78,9 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = located.settings
     model_yaml = read_model_yaml(settings.config)
     family = run_family(model_yaml, saved, settings.config)
+    settings = _demo_tokenizer(settings, family, cmd, run_dir)
     ensure_demo_inputs(settings, model_yaml, family)
+    refuse_other_tokenizer(family, settings.tokenizer, settings.config)
     text_tokens = family.tokenizer.size(settings.tokenizer)
     lora_branch = None
     if is_lora_branch(settings, saved, run_dir):
@@ -111,11 +114,29 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = _additional_epochs(cmd, settings, saved, n_train, per_step)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train, per_step))
+    check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab)
     check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch_of = lora_branch or _branch_of(saved, run_dir)
     run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
                       inputs, saved, branch_of)
+
+
+def check_new_rows(settings: TrainConfig, family: ModelFamily, text_tokens: int, vocab: Vocabulary) -> None:
+    """--new-language needs a family with language rows and codes it knows; --new-rows-lr-scale needs rows that are
+    held (a new language's tables, or an extended vocabulary's with --freeze-base-vocab)."""
+    if settings.new_languages:
+        if family.language_rows is None:
+            raise UserError(f"--new-language: {family.title} has no language rows; a new language there is a "
+                            "tokenizer extension (docs/new_language.md); nothing was written")
+        try:
+            family.language_rows(text_tokens, settings.new_languages)
+        except ValueError as exc:
+            raise UserError(f"{exc}; nothing was written") from None
+    elif settings.new_rows_lr_scale != 1.0 and not (vocab.extended and settings.freeze_base_vocab):
+        raise UserError(f"--new-rows-lr-scale {settings.new_rows_lr_scale:g} scales the rows that train beside held "
+                        "ones: pass --new-language (IndexTTS-2.5) or train an extended tokenizer with "
+                        "--freeze-base-vocab; nothing was written")
 
 
 def run_family(model_yaml: dict[str, Any], saved: SavedRun | None, config: str) -> ModelFamily:
@@ -127,6 +148,15 @@ def run_family(model_yaml: dict[str, Any], saved: SavedRun | None, config: str) 
             raise UserError(f"--config {config} is a config of {family.title}, but {saved.path} is a checkpoint of "
                             f"{trained.title}: resume with the config of the model it trains (nothing was written)")
     return family
+
+
+def _demo_tokenizer(settings: TrainConfig, family: ModelFamily, cmd: CommandLine, run_dir: Path) -> TrainConfig:
+    """--demo's tokenizer is its family's file of the demo folder (merge_settings names IndexTTS2's before the
+    config is read)."""
+    default = run_dir / DEMO_DATA_DIR / TOKENIZER_NAME
+    if not settings.demo or "tokenizer" in cmd.given or Path(settings.tokenizer or "") != default:
+        return settings
+    return replace(settings, tokenizer=str(default.with_name(family.demo_tokenizer_name)))
 
 
 def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:

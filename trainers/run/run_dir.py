@@ -28,7 +28,7 @@ from trainers.checkpoint import schema
 from trainers.checkpoint.recovery import newest_intact
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.config.flags import CommandLine
-from trainers.config.inference_keys import missing_inference_keys
+from trainers.config.inference_keys import INFERENCE_KEYS, missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
 from trainers.files import file_identity, fsync_dir, write_text_atomically
@@ -67,10 +67,24 @@ def run_dir_of(cmd: CommandLine) -> Path:
         if not path.is_file():
             raise UserError(f"--resume {cmd.resume}: no such file; use --resume auto to continue OUTPUT_DIR/latest.pth")
         return Path(given_dir) if given_dir else path.resolve().parent
-    default_dir = DEMO_OUTPUT_DIR if cmd.given.get("demo") else TrainConfig.output_dir
+    default_dir = demo_output_dir(cmd.given.get("config")) if cmd.given.get("demo") else TrainConfig.output_dir
     run_dir = Path(given_dir or os.path.abspath(default_dir))
     refuse_non_directory(run_dir)
     return run_dir
+
+
+def demo_output_dir(config: str | None) -> str:
+    """--demo's default run directory: runs/demo, or the model family's (runs/demo25 with checkpoints/demo25.yaml),
+    so the demos of two families never meet in one directory. A config that cannot be read is reported later."""
+    if not config:
+        return DEMO_OUTPUT_DIR
+    from trainers.families import family_for_config
+
+    try:
+        data = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return DEMO_OUTPUT_DIR
+    return family_for_config(data).demo_output_dir if isinstance(data, dict) else DEMO_OUTPUT_DIR
 
 
 def locate_run(cmd: CommandLine) -> tuple[Path, Path | None]:
@@ -289,20 +303,27 @@ def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str,
 
 
 def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
-                           tokenizer: str, demo: bool = False) -> None:
-    """config.yaml for inference: the user's config with the vocabulary of this run."""
+                           tokenizer: str, demo: bool = False, family: Any = None) -> None:
+    """config.yaml for inference: the user's config with the vocabulary of this run. `family` (a ModelFamily;
+    default IndexTTS2's) names the keys its inference reads and where the config names the tokenizer."""
+    keys = family.inference_keys if family is not None else INFERENCE_KEYS
+    tokenizer_key = family.tokenizer_config_key if family is not None else "dataset.bpe_model"
+    title = family.inference_name if family is not None else "IndexTTS2"
     data = dict(model_yaml)
     data["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
     path = run_dir / INFERENCE_CONFIG_NAME
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
-    missing = missing_inference_keys(data)
+    missing = missing_inference_keys(data, keys)
     if missing and not demo:  # the demo's tiny model is not for inference
-        log.info("%s lacks keys IndexTTS2 inference reads (%s): a trimmed --config, enough for training", path,
+        log.info("%s lacks keys %s inference reads (%s): a trimmed --config, enough for training", path, title,
                  ", ".join(missing))
-        log.info("to export: tools/export_checkpoint.py --config with the full config.yaml of your IndexTTS2 model")
-    bpe = (data.get("dataset") or {}).get("bpe_model")
-    if extended and bpe and Path(bpe).name != Path(tokenizer).name:
-        log.info("for inference, point dataset.bpe_model in %s (now %s) at the extended tokenizer %s", path, bpe,
+        log.info("to export: tools/export_checkpoint.py --config with the full config.yaml of your %s model", title)
+    if tokenizer_key is None:  # inference opens the tokenizer by a fixed name, not through the config
+        return
+    section, key = tokenizer_key.split(".")
+    named = (data.get(section) or {}).get(key)
+    if extended and named and Path(named).name != Path(tokenizer).name:
+        log.info("for inference, point %s in %s (now %s) at the extended tokenizer %s", tokenizer_key, path, named,
                  tokenizer)
 
 
@@ -328,13 +349,13 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],
                       text_tokens: int, extended: bool, tokenizer: str, demo: bool = False,
-                      plan: dict[str, Any] | None = None) -> None:
+                      plan: dict[str, Any] | None = None, family: Any = None) -> None:
     """run_config.json (with the `plan` of a continued checkpoint) and the inference config.yaml; a full disk or
     read-only directory stops here, cleanly."""
     try:
         prepare_run_dir(run_dir)
         write_run_config(run_dir, run_section, machine, plan)
-        write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo)
+        write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo, family)
     except OSError as exc:
         raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "
                         "then start again (nothing was trained)") from None

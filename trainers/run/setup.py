@@ -26,6 +26,7 @@ from trainers.hardware.detect import Hardware, busy_cpu_note, detect_hardware, p
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.hardware.precision import AmpChoice, choose_amp
+from trainers.model.frozen_rows import HeldRows
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.lock import RunLock
@@ -207,7 +208,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
         plan = plan_record(resume.plan_key, schedule) if resume and resume.plan_key else None
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan)
+                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan, cfg.family)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
                if ds else None for ds in (data.dataset, val_set)]
@@ -241,7 +242,11 @@ def log_summary(run: Run) -> None:
     log.info("model: %d layers, dim %d, %d text tokens; %s trained parameters, %d carried tensors",
              run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, count_text(n_train),
              len(run.weights.carried))
-    if run.optim.frozen:
+    if isinstance(run.optim.frozen, HeldRows):
+        scale = f"; their learning rate x{cfg.new_rows_lr_scale:g}" if cfg.new_rows_lr_scale != 1.0 else ""
+        log.info("--new-language %s: rows %s train, every other row of these tables is held bit-identical%s",
+                 ",".join(cfg.new_languages), run.optim.frozen.describe(), scale)
+    elif run.optim.frozen:
         log.info("vocabulary: %d text tokens, base %d; the %d base rows of text_embedding and text_head are frozen "
                  "(--no-freeze-base-vocab trains them too)", vocab.text_tokens, vocab.base_text_tokens,
                  run.optim.frozen.rows)

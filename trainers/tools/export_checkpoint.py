@@ -45,8 +45,8 @@ import yaml
 from trainers.config.inference_keys import other_model_files
 from trainers.errors import UserError
 from trainers.tools.export_contents import (
-    CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, inference_config, listed, read_source,
-    resolve_inference, select_tensors,
+    CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, exported_tokenizer_name, inference_config, listed,
+    read_source, resolve_inference, select_tensors,
 )
 from trainers.tools.export_output import check_output, write_export
 from trainers.checkpoint import adapter_file
@@ -70,24 +70,27 @@ class Export:
 
     def lines(self) -> list[str]:
         sel, inf, out = self.selection, self.inference, self.out
-        tok = inf.tokenizer.name
+        family = inf.family
+        tok, name, key = exported_tokenizer_name(inf.tokenizer, family), family.inference_name, family.tokenizer_config_key
         values = sum(t.numel() for t in sel.state.values())
         lines = [f"exported {self.source.describe()} as {self.dtype} to {out}",
                  f"  {GPT_NAME}: {len(sel.state)} tensors ({sel.trained} trained, {sel.carried} carried), "
                  f"{values:,} values",
                  f"  {CONFIG_NAME}: from {inf.config_source}; gpt.number_text_tokens {self.text_tokens}, "
-                 f"dataset.bpe_model {tok}, gpt_checkpoint {GPT_NAME}",
-                 f"  {tok}: copy of {inf.tokenizer} ({self.text_tokens} pieces)"]
+                 + (f"{key} {tok}, " if key else "") + f"gpt_checkpoint {GPT_NAME}",
+                 f"  {tok}: copy of {inf.tokenizer} ({self.text_tokens} pieces"
+                 + (")" if key else f"; the name {name} inference opens in model_dir)")]
         lines += [f"note: {n}" for n in [*self.source.notes, *inf.notes]]
         if sel.left_out:
             lines.append(f"left out (upstream's UnifiedVoice does not load them): {', '.join(listed(sel.left_out))}")
-        lines += ["point IndexTTS2 inference at:",
+        model = "IndexTTS2" if key else "indextts.infer_v2_5.IndexTTS2"  # upstream's 2.5 class keeps the name
+        lines += [f"point {name} inference at:",
                   f"  config     {out / CONFIG_NAME}",
                   f"  gpt        {out / GPT_NAME}",
                   f"  tokenizer  {out / tok}",
                   f"config.yaml names every model file by its name in model_dir, like the official one: copy or link "
-                  f"{', '.join(other_model_files(inf.config))} from your IndexTTS2 checkpoints folder into {out}, then use "
-                  f"IndexTTS2(cfg_path=\"{out / CONFIG_NAME}\", model_dir=\"{out}\")"]
+                  f"{', '.join(other_model_files(inf.config))} from your {name} checkpoints folder into {out}, then use "
+                  f"{model}(cfg_path=\"{out / CONFIG_NAME}\", model_dir=\"{out}\")"]
         return lines
 
 
@@ -102,7 +105,7 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
         source.state = merged_state(source.checkpoint, path, base)
     inference = resolve_inference(source, config, tokenizer)
     selection = select_tensors(source.state, inference.gpt, path, inference.family)
-    tok_name = inference.tokenizer.name
+    tok_name = exported_tokenizer_name(inference.tokenizer, inference.family)
     record = check_output(out, [GPT_NAME, CONFIG_NAME, tok_name])
     state = cast(selection.state, DTYPES[dtype])
     text_tokens = inference.gpt.number_text_tokens

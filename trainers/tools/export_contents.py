@@ -212,20 +212,25 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
     if configured != text_tokens:
         notes.append(f"gpt.number_text_tokens set to {text_tokens} (the checkpoint's vocabulary; {config_path.name} "
                      f"had {configured})")
-    tokenizer = resolve_tokenizer(source, data, config_path, tokenizer_flag)
+    tokenizer = resolve_tokenizer(source, data, config_path, tokenizer_flag, family)
     pieces = family.tokenizer.size(str(tokenizer))
     if pieces != text_tokens:
         raise UserError(f"{tokenizer} has {pieces} pieces but {source.path} has {text_tokens} text tokens: it is not "
                         "the tokenizer of this checkpoint; pass --tokenizer with the one it was trained with")
-    if tokenizer.name in (GPT_NAME, CONFIG_NAME, RECORD_NAME):
+    if exported_tokenizer_name(tokenizer, family) in (GPT_NAME, CONFIG_NAME, RECORD_NAME):
         raise UserError(f"the tokenizer's file name {tokenizer.name} clashes with a file the export writes; "
                         "rename it (e.g. bpe.model) and pass --tokenizer")
     return Inference(data, config_path, tokenizer, gpt, notes, family)
 
 
+def exported_tokenizer_name(tokenizer: Path, family: ModelFamily) -> str:
+    """The tokenizer's name in the export: the name inference opens where it opens a fixed one (2.5), else its own."""
+    return family.export_tokenizer_name or tokenizer.name
+
+
 def refuse_trimmed_config(data: dict[str, Any], config_path: Path, flagged: bool, source: Source,
                           family: ModelFamily = FAMILIES["indextts2"]) -> None:
-    """A config without every key IndexTTS2 inference reads would export a config.yaml inference cannot load."""
+    """A config without every key the family's inference reads would export a config.yaml inference cannot load."""
     written = inference_config(data, 1, "bpe.model", family.tokenizer_config_key)  # as the export would write it
     missing = missing_inference_keys(written, family.inference_keys)
     if not missing:
@@ -235,24 +240,32 @@ def refuse_trimmed_config(data: dict[str, Any], config_path: Path, flagged: bool
     else:  # the run directory's copy of the config the run was started with
         started = source.checkpoint.settings.get("config") if source.checkpoint else None
         what = f"{config_path} (the trainer's copy of --config {started or 'the run was started with'})"
-    raise UserError(f"{what} lacks keys that IndexTTS2 inference reads: {', '.join(missing)}. It is a trimmed config "
+    name, key = family.inference_name, family.tokenizer_config_key
+    came_with = " and bpe.model" if key == "dataset.bpe_model" else ""
+    changed = "gpt.number_text_tokens, " + (f"{key} and gpt_checkpoint" if key else "gpt_checkpoint")
+    raise UserError(f"{what} lacks keys that {name} inference reads: {', '.join(missing)}. It is a trimmed config "
                     "that holds only what the trainer reads (like this repository's checkpoints/config.yaml). Pass "
-                    "--config with the full config.yaml from your IndexTTS2 checkpoints folder (the one that came "
-                    "with gpt.pth and bpe.model): the export keeps all of it and changes only gpt.number_text_tokens, "
-                    "dataset.bpe_model and gpt_checkpoint (nothing was written)")
+                    f"--config with the full config.yaml from your {name} checkpoints folder (the one that came "
+                    f"with gpt.pth{came_with}): the export keeps all of it and changes only {changed} (nothing was "
+                    "written)")
 
 
-def resolve_tokenizer(source: Source, config: dict[str, Any], config_path: Path, flag: Path | None) -> Path:
+def resolve_tokenizer(source: Source, config: dict[str, Any], config_path: Path, flag: Path | None,
+                      family: ModelFamily = FAMILIES["indextts2"]) -> Path:
     ckpt = source.checkpoint
-    if ckpt is None:
-        bpe = (config.get("dataset") or {}).get("bpe_model")
-        path = flag or (config_path.parent / bpe if bpe else None)
-        if path is None:
-            raise UserError(f"{config_path} names no dataset.bpe_model; pass --tokenizer with the SentencePiece model "
-                            f"of {source.path}")
+    kind = family.tokenizer.kind
+    if ckpt is None:  # an official gpt.pth: its tokenizer is where its inference finds it, beside the config
+        key = family.tokenizer_config_key
+        if key is None:
+            path = flag or config_path.parent / str(family.export_tokenizer_name)
+        else:
+            section, name = key.split(".")
+            named = (config.get(section) or {}).get(name)
+            path = flag or (config_path.parent / named if named else None)
+            if path is None:
+                raise UserError(f"{config_path} names no {key}; pass --tokenizer with the {kind} of {source.path}")
         if not path.is_file():
-            raise UserError(f"tokenizer {path} not found; pass --tokenizer with the SentencePiece model of "
-                            f"{source.path}")
+            raise UserError(f"tokenizer {path} not found; pass --tokenizer with the {kind} of {source.path}")
         return path
     recorded = ckpt.settings.get("tokenizer")
     expected_sha = ckpt.fingerprints.get("tokenizer")
@@ -261,7 +274,7 @@ def resolve_tokenizer(source: Source, config: dict[str, Any], config_path: Path,
         what = f"the run's tokenizer {path} (recorded in {source.path}) is missing" if path else \
             f"{source.path} records no tokenizer"
         sha = f" (sha256 {expected_sha})" if expected_sha else ""
-        raise UserError(f"{what}; pass --tokenizer PATH with the SentencePiece model the run was trained with{sha}, "
+        raise UserError(f"{what}; pass --tokenizer PATH with the {kind} the run was trained with{sha}, "
                         "e.g. after copying it back or if the run directory moved")
     if expected_sha and file_sha256(path) != expected_sha:
         raise UserError(f"{path} is not the tokenizer the run was trained with (its sha256 differs from the one "

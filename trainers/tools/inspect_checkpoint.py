@@ -31,6 +31,7 @@ import torch
 from trainers.checkpoint import schema
 from trainers.config.settings import saved_settings
 from trainers.errors import UserError
+from trainers.families import FAMILIES
 from trainers.model.weights import state_dict_of, strip_module_prefix
 from trainers.tools.base_drift import LoadedFile, compare_with_base
 from trainers.tools.run_files import WHICH_HELP, checkpoint_path
@@ -68,6 +69,13 @@ def load_file(path: Path, label: str) -> LoadedFile:
 
 # ---------------------------------------------------------------- description
 
+def model_family(ck: LoadedFile) -> str | None:
+    """The model family (trainers/families): a trainer checkpoint names it; an official file's keys tell it."""
+    if ck.checkpoint is not None:
+        return ck.checkpoint.model_family
+    return next((f.name for f in FAMILIES.values() if f.holds_state(ck.state)), None)
+
+
 def describe(ck: LoadedFile) -> dict[str, Any]:
     """Facts about one file (the JSON object without the comparison part)."""
     c = ck.checkpoint
@@ -92,6 +100,7 @@ def describe(ck: LoadedFile) -> dict[str, Any]:
         },
         "tokenizer_sha256": c.fingerprints.get("tokenizer") if c else None,
         "model": {
+            "family": model_family(ck),
             "layers": model_cfg.get("layers", count_layers(ck.state)),
             "dim": model_cfg.get("model_dim", int(dim)),
             "heads": model_cfg.get("heads"),
@@ -218,7 +227,9 @@ def vocab_lines(facts: dict[str, Any]) -> list[str]:
     if facts["tokenizer_sha256"]:
         lines.append(f"tokenizer sha256: {facts['tokenizer_sha256']}")
     heads = f", {m['heads']} heads" if m["heads"] is not None else ""
-    lines.append(f"model: {show(m['layers'])} layers, dim {m['dim']}{heads}")
+    family = FAMILIES.get(m["family"] or "")
+    named = f"{family.title}, " if family is not None and family is not next(iter(FAMILIES.values())) else ""
+    lines.append(f"model: {named}{show(m['layers'])} layers, dim {m['dim']}{heads}")
     lines.append(f"tensors: {facts['tensors']} ({facts['parameters']:,} values)")
     if facts["last_validation"]:
         val = dict(facts["last_validation"])

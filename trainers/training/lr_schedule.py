@@ -151,7 +151,7 @@ class LRSchedule:
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         lr = self.lr_at(step)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr  # --new-rows-lr-scale's groups
         return lr
 
     def continued(self, step: int, end_step: int) -> "LRSchedule":

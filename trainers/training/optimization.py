@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainers.config.settings import TrainConfig
-from trainers.model.frozen_rows import FrozenTextRows
+from trainers.model.frozen_rows import FrozenTextRows, HeldRows
 from trainers.model.weights import first_non_finite
 from trainers.training.lr_schedule import LRSchedule, WarmupCosine
 
@@ -38,16 +38,20 @@ class StepResult:
     applied: bool  # False: the update was skipped (non-finite gradients), the weights are unchanged
 
 
-# AdamW's hyperparameters that come from the run's settings (the learning rate is set by the schedule every step).
-_CONFIGURED = ("weight_decay", "betas", "eps")
+# AdamW's hyperparameters that come from the run's settings (the learning rate is set by the schedule every step,
+# times a group's lr_scale).
+_CONFIGURED = ("weight_decay", "betas", "eps", "lr_scale")
 
 
 class Optimization:
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | None,
-                 device_type: str = "cuda", schedule: LRSchedule | None = None, fused: bool | None = None) -> None:
-        """`fused`: AdamW's fused kernels (None: where every trained parameter is on a GPU, see `_wants_fused`)."""
-        self.optimizer, self.param_names, self.fused = _adamw(model, cfg, fused)
-        self._configured = [{k: g[k] for k in _CONFIGURED} for g in self.optimizer.param_groups]
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, fp16: bool, frozen: FrozenTextRows | HeldRows | None,
+                 device_type: str = "cuda", schedule: LRSchedule | None = None,
+                 scaled: frozenset[str] = frozenset(), fused: bool | None = None) -> None:
+        """`scaled`: the parameters whose learning rate is cfg.new_rows_lr_scale times the run's (tables whose rows
+        are partly held: only their trained rows move). `fused`: AdamW's fused kernels (None: where every trained
+        parameter is on a GPU, see `_wants_fused`)."""
+        self.optimizer, self.param_names, self.fused = _adamw(model, cfg, scaled, fused)
+        self._configured = [{k: g[k] for k in _CONFIGURED if k in g} for g in self.optimizer.param_groups]
         self.schedule = schedule if schedule is not None else configured_schedule(cfg)
         self.scaler = torch.amp.GradScaler(device_type, enabled=fp16)
         self.frozen = frozen
@@ -179,18 +183,26 @@ def _wants_fused(params: list[torch.nn.Parameter]) -> bool:
     return bool(params) and all(p.device.type == "cuda" for p in params)
 
 
-def _adamw(model: torch.nn.Module, cfg: TrainConfig,
+def _adamw(model: torch.nn.Module, cfg: TrainConfig, scaled: frozenset[str] = frozenset(),
            fused: bool | None = None) -> tuple[torch.optim.AdamW, list[str], bool]:
-    """AdamW over the parameters that receive gradients; no decay on biases and norms. Returns it, the
-    parameters' names and whether it is fused."""
-    decay, no_decay, names = [], [], []
+    """AdamW over the parameters that receive gradients; no decay on biases and norms. The `scaled` ones, when
+    cfg.new_rows_lr_scale is not 1, in groups of their own after those, whose rate the schedule multiplies
+    (LRSchedule.apply: the group's lr_scale). Returns it, the parameters' names and whether it is fused."""
+    scale = cfg.new_rows_lr_scale
+    decay, no_decay, scaled_decay, scaled_no_decay, names = [], [], [], [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append((name, p))
+            alone = name in scaled and scale != 1.0
+            ((scaled_decay if alone else decay) if p.dim() >= 2 else (scaled_no_decay if alone else no_decay)).append(
+                (name, p))
     groups = []
-    for params, wd in ((decay, cfg.weight_decay), (no_decay, 0.0)):
+    for params, wd, lr_scale in ((decay, cfg.weight_decay, None), (no_decay, 0.0, None),
+                                 (scaled_decay, cfg.weight_decay, scale), (scaled_no_decay, 0.0, scale)):
+        if lr_scale is not None and not params:
+            continue
         names += [n for n, _ in params]
-        groups.append({"params": [p for _, p in params], "weight_decay": wd})
+        groups.append({"params": [p for _, p in params], "weight_decay": wd,
+                       **({"lr_scale": lr_scale} if lr_scale is not None else {})})
     if fused is None:
         fused = _wants_fused([p for g in groups for p in g["params"]])
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),

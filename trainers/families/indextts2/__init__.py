@@ -54,4 +54,5 @@ FAMILY = ModelFamily(
     tokenizer_config_key="dataset.bpe_model",
     claims=claims,
     make_demo=make_demo,
+    state_signature=("speed_emb.weight",),
 )

@@ -1,8 +1,10 @@
-"""IndexTTS2's text front end and the SentencePiece model that turns its output into text ids.
+"""IndexTTS2's text front end and the SentencePiece model that turns its output into text ids; IndexTTS-2.5's
+tiktoken file and front end (trainers/families/indextts25/front_end.py) where --tokenizer is one.
 
 front_end() (trainers/data/text_front_end.py) is what IndexTTS2's TextTokenizer.encode applies before
 SentencePiece, language normalisation aside (SKIPPED_NORMALISATION says why); Tokenizer encodes manifest
-texts through it, and load_tokenizer() refuses a model that can emit the start/stop text ids.
+texts through it, and load_tokenizer() refuses a model that can emit the start/stop text ids. TiktokenLines
+encodes each line in its language as IndexTTS-2.5 inference does.
 """
 from __future__ import annotations
 
@@ -32,9 +34,23 @@ class Tokenizer:
     sp: spm.SentencePieceProcessor
     start: int
     stop: int
+    family: str = "indextts2"
+    applied: str = APPLIED_FRONT_END
+    skipped: str = SKIPPED_NORMALISATION
+
+    def size(self) -> int:
+        return self.sp.get_piece_size()
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.sp.encode([front_end(t) for t in texts], out_type=int)
+
+    def encode_lines(self, texts: Sequence[str], languages: Sequence[str | None]) -> list[list[int]]:
+        return self.encode(texts)
+
+    def counts(self, ids: Sequence[int]) -> tuple[int, int]:
+        """(<unk> ids, byte-fallback ids) among `ids`."""
+        unk = self.sp.unk_id()
+        return sum(1 for i in ids if i == unk), sum(1 for i in ids if self.sp.is_byte(i))
 
     def unknown_chars(self, texts: Sequence[str]) -> list[str]:
         """Characters that SentencePiece turns into <unk> on their own, in code-point order."""
@@ -72,3 +88,52 @@ def load_tokenizer(path: Path, start: int, stop: int) -> Tokenizer:
     if problems:
         raise Refusal(problems)
     return Tokenizer(path, sp, start, stop)
+
+
+@dataclass
+class TiktokenLines:
+    """IndexTTS-2.5's tokenizer (its .tiktoken file) and front end: each line encoded in its language."""
+
+    path: Path
+    encoding: object
+    family: str = "indextts25"
+
+    @property
+    def applied(self) -> str:
+        from trainers.families.indextts25.front_end import APPLIED
+        return APPLIED
+
+    @property
+    def skipped(self) -> str:
+        from trainers.families.indextts25.front_end import SKIPPED
+        return SKIPPED
+
+    def size(self) -> int:
+        return self.encoding.n_vocab
+
+    def encode_lines(self, texts: Sequence[str], languages: Sequence[str | None]) -> list[list[int]]:
+        from trainers.families.indextts25.front_end import text_ids
+        return [text_ids(self.encoding, t, lang) if lang else [] for t, lang in zip(texts, languages)]
+
+    def counts(self, ids: Sequence[int]) -> tuple[int, int]:
+        """(0: a byte-level tokenizer has no <unk>, ids of single non-ASCII bytes: characters broken into bytes)."""
+        pieces = self.encoding.decode_tokens_bytes(list(ids)) if ids else []
+        return 0, sum(1 for piece in pieces if len(piece) == 1 and piece[0] >= 0x80)
+
+    def unknown_chars(self, texts: Sequence[str]) -> list[str]:
+        return []
+
+    def looks_lower_case(self) -> bool:
+        return False
+
+
+def load_any_tokenizer(path: Path, start: int, stop: int) -> Tokenizer | TiktokenLines:
+    """A .tiktoken file is IndexTTS-2.5's tokenizer; anything else must be a SentencePiece model."""
+    from trainers.families.indextts25.tokenizer import NotTiktoken, encoding, is_tiktoken_file
+
+    if path.is_file() and is_tiktoken_file(path):
+        try:
+            return TiktokenLines(path, encoding(path))
+        except NotTiktoken as exc:
+            raise Refusal([f"--tokenizer {path}: not a tiktoken file of IndexTTS-2.5 ({exc})"]) from None
+    return load_tokenizer(path, start, stop)

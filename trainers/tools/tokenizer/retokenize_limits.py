@@ -20,16 +20,19 @@ class Limits:
     source: str = "none"
     start: int = START_TEXT_TOKEN
     stop: int = STOP_TEXT_TOKEN
+    prefix: int = PREFIX_POSITIONS  # the model's conditioning prefix (IndexTTS-2.5: 3)
+    version: str | None = None  # the config's `version` (2.5: an IndexTTS-2.5 config)
+    number_text_tokens: int | None = None
 
     def positions_problem(self, text_len: int, code_len: Any) -> str | None:
         """The trainer's check that a sample fits the text and mel position tables."""
         if self.max_text_tokens is None or self.max_mel_tokens is None or type(code_len) is not int:
             return None
-        needed = PREFIX_POSITIONS + (text_len + 2) + (code_len + 2)
+        needed = self.prefix + (text_len + 2) + (code_len + 2)
         room = (self.max_mel_tokens + 3) + (self.max_text_tokens + 2)
         if needed <= room:
             return None
-        return (f"the sample needs {needed} positions ({PREFIX_POSITIONS}+({text_len}+2)+({code_len}+2)) but "
+        return (f"the sample needs {needed} positions ({self.prefix}+({text_len}+2)+({code_len}+2)) but "
                 f"(gpt.max_mel_tokens+3)+(gpt.max_text_tokens+2) is {room}, so the trainer refuses it; "
                 "drop or split this sample")
 
@@ -71,4 +74,5 @@ def resolve_limits(config: Path | None, max_text_tokens: int | None) -> Limits:
         max_text_tokens if max_text_tokens is not None else from_config,
         _config_int(gpt, "max_mel_tokens", config, required=False),
         "--max-text-tokens" if max_text_tokens is not None else f"{config} gpt.max_text_tokens",
-        START_TEXT_TOKEN if start is None else start, STOP_TEXT_TOKEN if stop is None else stop)
+        START_TEXT_TOKEN if start is None else start, STOP_TEXT_TOKEN if stop is None else stop,
+        version=str(data.get("version")), number_text_tokens=_config_int(gpt, "number_text_tokens", config, False))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -52,6 +51,7 @@ class Line:
     form: Form
     text: str
     ids: list[int] = field(default_factory=list)
+    language: str | None = None  # IndexTTS-2.5: the line's "language", else --language (written into the line)
 
 
 @dataclass
@@ -158,10 +158,16 @@ def read_manifest(path: Path) -> tuple[list[Line], list[str]]:
     return lines, problems
 
 
-def encode_lines(tok: Tokenizer, limits: Limits, manifest: Path, lines: list[Line]) -> list[str]:
-    """Fill in each line's ids; return the problems (ids the trainer would refuse)."""
+def encode_lines(tok: Tokenizer, limits: Limits, manifest: Path, lines: list[Line],
+                 language: str | None = None) -> list[str]:
+    """Fill in each line's ids; return the problems (ids the trainer would refuse). IndexTTS-2.5 (a tiktoken
+    tokenizer): each line in its language, its "language" field or else `language` (--language)."""
     problems = []
-    for line, ids in zip(lines, tok.encode([line.text for line in lines])):
+    if tok.family == "indextts25":
+        problems = language_problems(manifest, lines, language)
+        if problems:
+            return problems
+    for line, ids in zip(lines, tok.encode_lines([line.text for line in lines], [line.language for line in lines])):
         line.ids = ids
         where = f"{manifest}:{line.number}"
         if not ids:
@@ -178,17 +184,33 @@ def encode_lines(tok: Tokenizer, limits: Limits, manifest: Path, lines: list[Lin
     return problems
 
 
+def language_problems(manifest: Path, lines: list[Line], language: str | None) -> list[str]:
+    """Each line's language (IndexTTS-2.5): its "language" field, else --language; one of the 106 codes."""
+    from trainers.families.indextts25.languages import language_problem
+
+    problems = []
+    for line in lines:
+        value = line.obj.get("language", language)
+        where = f"{manifest}:{line.number}"
+        if value is not None and type(value) is not str:
+            problems.append(f'{where}: "language" is {value!r}, not a string; write the language code')
+            continue
+        problem = language_problem(value)
+        if problem:
+            problems.append(f"{where}: {problem}" + ("; or pass --language CODE for lines without one"
+                                                     if value is None else ""))
+        line.language = value
+    return problems
+
+
 def summarise(tok: Tokenizer, plan_manifest: Path, output: Path, lines: Sequence[Line]) -> Report:
-    sp = tok.sp
     report = Report(str(plan_manifest), str(output), lines=len(lines))
-    unk_id = sp.unk_id()
     unk_texts = []
     for line in lines:
-        counts = Counter(line.ids)
-        unk = counts.get(unk_id, 0)
+        unk, byte_tokens = tok.counts(line.ids)
         report.tokens += len(line.ids)
         report.unk += unk
-        report.byte_tokens += sum(n for i, n in counts.items() if sp.is_byte(i))
+        report.byte_tokens += byte_tokens
         report.max_text_len = max(report.max_text_len, len(line.ids))
         if unk:
             report.lines_with_unk += 1

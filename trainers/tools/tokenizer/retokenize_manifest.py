@@ -1,4 +1,5 @@
-"""Make the text ids of training manifests with a (new or extended) SentencePiece model.
+"""Make the text ids of training manifests with a (new or extended) SentencePiece model, or with IndexTTS-2.5's
+.tiktoken file (below, "IndexTTS-2.5").
 
     python tools/tokenizer/retokenize_manifest.py --tokenizer checkpoints/bpe_am.model \\
         --manifests data/am_train.jsonl data/am_val.jsonl --output-dir data/am_ids \\
@@ -50,6 +51,14 @@ of a manifest are written before the manifest, so a manifest never names a missi
 .npy that already holds the same bytes is left alone. Running the tool twice gives the same
 bytes. Files of an earlier run that the new manifest no longer names are not removed.
 
+IndexTTS-2.5: with --tokenizer upstream's .tiktoken file, each line is encoded in its language (its "language"
+field, else --language, which is then written into the line) as infer_v2_5 does it
+(trainers/families/indextts25/front_end.py: punctuation map, casing by language, pronunciation annotations,
+the "<|xx|> " prefix), ids 0 and 1 dropped as the trainer drops them; its normalisers (WeTextProcessing, nemo) and
+the Japanese morpheme split are SKIPPED and said so. The lines are the 2.5 .npy forms (paired:
+target_text_ids_path, target_codes_path, prompt_spk_emb_path; single: text_ids_path, codes_path, spk_emb_path). A
+--config of IndexTTS2 with a .tiktoken tokenizer, or the reverse, is refused.
+
 Exit status: 0 written, 2 refused (nothing written), 1 writing failed part-way (disk full,
 permissions: the message says which manifests were completed).
 """
@@ -63,7 +72,7 @@ from typing import Sequence
 
 from trainers.tools.tokenizer.retokenize_errors import Refusal, WriteFailure
 from trainers.tools.tokenizer.retokenize_front_end import (
-    APPLIED_FRONT_END, SKIPPED_NORMALISATION, Tokenizer, load_tokenizer,
+    APPLIED_FRONT_END, SKIPPED_NORMALISATION, TiktokenLines, Tokenizer, load_any_tokenizer,
 )
 from trainers.tools.tokenizer.retokenize_limits import Limits, resolve_limits
 from trainers.tools.tokenizer.retokenize_lines import Plan, Report, encode_lines, read_manifest, summarise
@@ -81,17 +90,19 @@ class Config:
     output_dir: Path
     config: Path | None = None
     max_text_tokens: int | None = None
+    language: str | None = None  # IndexTTS-2.5: the language of lines without a "language" field
 
 
-def plan_all(cfg: Config) -> tuple[Tokenizer, Limits, list[Plan]]:
+def plan_all(cfg: Config) -> tuple[Tokenizer | TiktokenLines, Limits, list[Plan]]:
     """Read, encode and check everything; raise Refusal listing every problem."""
     limits = resolve_limits(cfg.config, cfg.max_text_tokens)
-    tok = load_tokenizer(cfg.tokenizer, limits.start, limits.stop)
+    tok = load_any_tokenizer(cfg.tokenizer, limits.start, limits.stop)
+    limits = model_of(tok, limits, cfg)
     plans, problems = [], []
     for manifest in cfg.manifests:
         lines, found = read_manifest(manifest)
         problems += found
-        problems += encode_lines(tok, limits, manifest, lines)
+        problems += encode_lines(tok, limits, manifest, lines, cfg.language)
         output = cfg.output_dir / manifest.name
         plans.append(Plan(manifest, output, lines, summarise(tok, manifest, output, lines)))
     if problems:
@@ -101,6 +112,29 @@ def plan_all(cfg: Config) -> tuple[Tokenizer, Limits, list[Plan]]:
     if problems:
         raise Refusal(problems)
     return tok, limits, plans
+
+
+def model_of(tok: Tokenizer | TiktokenLines, limits: Limits, cfg: Config) -> Limits:
+    """The limits of the tokenizer's model (IndexTTS-2.5: a 3-position prefix); a --config of the other model, or
+    of another vocabulary size than a 2.5 tokenizer, is refused; --language is for 2.5 alone."""
+    from dataclasses import replace
+
+    from trainers.families.indextts25.model import PREFIX_LEN
+
+    is25 = tok.family == "indextts25"
+    if cfg.language is not None and not is25:
+        raise Refusal([f"--language {cfg.language}: IndexTTS2's text ids carry no language; it is for an "
+                       "IndexTTS-2.5 --tokenizer (its .tiktoken file)"])
+    if cfg.config is None:
+        return replace(limits, prefix=PREFIX_LEN) if is25 else limits
+    if is25 != (limits.version == "2.5"):
+        model, other = ("IndexTTS-2.5", "IndexTTS2 (2.0)") if is25 else ("IndexTTS2 (2.0)", "IndexTTS-2.5")
+        raise Refusal([f"--tokenizer {cfg.tokenizer} is {model}'s, but --config {cfg.config} is a config of {other}; "
+                       "pass the tokenizer and config of the model you train"])
+    if is25 and limits.number_text_tokens not in (None, tok.size()):
+        raise Refusal([f"--tokenizer {cfg.tokenizer} has {tok.size()} ids, but --config {cfg.config} says "
+                       f"gpt.number_text_tokens {limits.number_text_tokens}; IndexTTS-2.5's must be equal"])
+    return replace(limits, prefix=PREFIX_LEN) if is25 else limits
 
 
 def report_text(report: Report) -> list[str]:
@@ -120,9 +154,9 @@ def retokenize(cfg: Config, out=None, err=None) -> list[Report]:
     out = out or sys.stdout
     err = err or sys.stderr
     tok, limits, plans = plan_all(cfg)
-    print(APPLIED_FRONT_END, file=out)
-    print(SKIPPED_NORMALISATION, file=out)
-    print(f"tokenizer {cfg.tokenizer}: {tok.sp.get_piece_size()} pieces; max_text_tokens "
+    print(tok.applied, file=out)
+    print(tok.skipped, file=out)
+    print(f"tokenizer {cfg.tokenizer}: {tok.size()} pieces; max_text_tokens "
           f"{limits.max_text_tokens if limits.max_text_tokens is not None else 'not checked'} ({limits.source})",
           file=out)
     if tok.looks_lower_case():
@@ -185,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path,
                    help="IndexTTS2 config.yaml: its gpt.max_text_tokens is the default limit, gpt.max_mel_tokens "
                         "checks the sample fits, gpt.start/stop_text_token are the ids text must not produce")
+    p.add_argument("--language", help="IndexTTS-2.5 (a .tiktoken --tokenizer): the language code of lines without a "
+                                      "\"language\" field (written into them); it picks the <|xx|> prefix and casing")
     p.add_argument("--max-text-tokens", type=int,
                    help="refuse lines with more ids than this (default: gpt.max_text_tokens of --config; without "
                         "either, no limit is checked)")
@@ -193,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str] | None) -> Config:
     args = build_parser().parse_args(argv)
-    return Config(args.tokenizer, tuple(args.manifests), args.output_dir, args.config, args.max_text_tokens)
+    return Config(args.tokenizer, tuple(args.manifests), args.output_dir, args.config, args.max_text_tokens,
+                  args.language)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

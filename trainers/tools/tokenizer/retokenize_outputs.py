@@ -40,6 +40,8 @@ def rewrite_line(line: Line, source_dir: str, out_dir: str, ids_path: str) -> di
         row[key] = value
     row.setdefault(form.ids_key, ids_path)
     row.setdefault(form.len_key, len(line.ids))
+    if line.language is not None:
+        row.setdefault("language", line.language)  # from --language: the trainer reads it from the line
     return row
 
 
