@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import (assert_close_weights, assert_same_training, family_run, final_state, subprocess_env, train,
-                             train_here, train_scalars)
+from tests.demo_runs import (REPO, assert_close_weights, assert_same_training, family_run, final_state, subprocess_env,
+                             train, train_here, train_scalars)
 from tests.test_best_checkpoint import FLAGS as BEST_FLAGS, OVERSHOOTING
 from tests.trainer_process import TrainerProcess
 from trainers.run.lock import LOCK_NAME
@@ -136,6 +136,19 @@ def test_exactness_breaking_change_is_refused(demo_assets, tmp_path):
     allowed = train_here(out, "--resume", "auto", "--seed", "7", "--allow-config-change", "--max-steps", "8")
     assert allowed.returncode == 0, allowed.stderr
     assert final_state(out).step == 8
+
+
+def test_two_starts_without_a_base_checkpoint_begin_from_the_same_weights(demo_assets, tmp_path):
+    """Random initial weights come from --seed: they used to come from the process's global generator, so the same
+    command gave another model each time (and another after anything else had drawn from it)."""
+    flags = [*demo_assets[1:demo_assets.index("--base-checkpoint")], "--config", str(REPO / "checkpoints" / "demo.yaml"),
+             "--max-steps", "1", "--val-interval", "0", "--effective-batch", "8"]
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert train_here(first, *flags).returncode == 0
+    torch.rand(3)  # anything else drawing from the global generator in between
+    assert train_here(second, *flags).returncode == 0
+    a, b = final_state(first).model, final_state(second).model
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_an_accepted_optimizer_change_is_what_the_continuation_trains_with(demo_assets, tmp_path):

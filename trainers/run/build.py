@@ -24,8 +24,13 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: tor
     """The model, on `device`: with the base checkpoint's weights at step 0; a resume loads its own
     (trainers/run/resume.py restore). A LoRA run loads the base on resume too: its checkpoints hold
     only what it trains (add_lora)."""
-    model = cfg.family.build_model(cfg.gpt, gradient_checkpointing=cfg.settings.grad_checkpointing,
-                                   dropout_masks=cfg.settings.dropout_masks, deterministic_loss=cfg.settings.deterministic)
+    # Random initial weights (no base) come from --seed alone, so two starts with the same flags begin alike; the
+    # process's own generators are left as they were (forked).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.settings.seed)
+        model = cfg.family.build_model(cfg.gpt, gradient_checkpointing=cfg.settings.grad_checkpointing,
+                                       dropout_masks=cfg.settings.dropout_masks,
+                                       deterministic_loss=cfg.settings.deterministic)
     weights = GPTWeights(model, {}, layout=cfg.family.layout)
     lora = lora_settings(cfg.settings)
     if inputs.base_state is not None and (not resuming or lora):
