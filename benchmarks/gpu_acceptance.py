@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""One command that proves the GPU paths on one GPU in at most 5 minutes, everything it starts included; each
-check prints PASS / FAIL / SKIP with its figures, and all of it is written under $OUT (or --out-dir).
+"""One command that proves the GPU paths of both models, IndexTTS2 (2.0) and IndexTTS-2.5, on one GPU in at most 5
+minutes, everything it starts included; each check prints PASS / FAIL / SKIP with its figures, and all of it is
+written under $OUT (or --out-dir).
 
-    python benchmarks/gpu_acceptance.py [--only NAME ...] [--out-dir DIR] [--config CONFIG] [--dry-run | --smoke]
+    python benchmarks/gpu_acceptance.py [--only NAME ...] [--out-dir DIR] [--config CONFIG ...] [--dry-run | --smoke]
 
 Run it from the repository root of a checkout; nothing needs installing (every process it starts gets the
 checkout on PYTHONPATH). The checks run in the order of what they prove per second; each has a budget (the
-checks one GPU runs add up to 300 s) and one over it fails, its processes killed, while the others still run.
-A rerun of the checks that failed (--only NAME, repeatable; the last line prints the command) fits in the
-time left of the same 15-minute loan. `machine` always runs. The torchrun checks need 2 GPUs and are skipped
-with fewer.
+checks one GPU runs by default add up to 300 s) and one over it fails, its processes killed, while the others
+still run. A check named `..._25` is IndexTTS-2.5's counterpart of the one without; model_losses and
+demo_resume cover both models, the others (saving, the CUDA-only tests, a checkpoint moved to the CPU) the
+machinery both share. A rerun of the checks that failed (--only NAME, repeatable; the last line prints the
+command) fits in the time left of the same 15-minute loan, as does `official_trainer`, which runs only when
+named. `machine` always runs. The torchrun checks need 2 GPUs and are skipped with fewer.
 
 What is written to the results folder (4 files): gpu_acceptance.json (every check's figures), console.log
 (what was printed), logs.tar.gz (every process's log, the profile of a step, pytest's report) and env.json
@@ -26,6 +29,7 @@ running then ends its processes; the report keeps the checks before it).
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -36,19 +40,20 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Callable, TextIO
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from benchmarks.acceptance import (  # noqa: E402
     environment, model_checks, official_checks, run_checks, save_checks, step_checks,
 )
 from benchmarks.acceptance.context import Context  # noqa: E402
-from benchmarks.acceptance.corpus import OFFICIAL_CONFIG  # noqa: E402
-from benchmarks.acceptance.runner import GPU_RUN_BUDGET_S, Check, Report, run_check  # noqa: E402
+from benchmarks.acceptance.corpus import IDX25, LABELS, family_of, read_gpt  # noqa: E402
+from benchmarks.acceptance.runner import GPU_RUN_BUDGET_S, Check, Outcome, Report, run_check  # noqa: E402
 from trainers.hardware.oom_recovery import release_memory  # noqa: E402
 
 SHM = Path("/dev/shm")
@@ -57,34 +62,46 @@ SHM_NEEDED = 24 * 10 ** 9
 DEFAULT_OUT = Path("gpu_acceptance_results")  # under the current folder, without $OUT or --out-dir
 ALWAYS = "machine"
 
+
+def _25(check: Callable[..., Outcome]) -> Callable[[Context], Outcome]:
+    """A check of IndexTTS2's run on IndexTTS-2.5 (the same code, the model and data of the other family)."""
+    return functools.partial(check, family=IDX25)
+
+
 # In the order of what they prove per second on one H100; budgets in seconds, everything each starts included.
 CHECKS = (
     Check("machine", 0, 10, environment.machine, what="GPU, driver, torch, CUDA, free memory, /dev/shm (env.json)"),
-    Check("dropout_masks", 1, 10, model_checks.dropout_masks, model_checks.dropout_masks_cpu_side,
+    Check("dropout_masks", 1, 6, model_checks.dropout_masks, model_checks.dropout_masks_cpu_side,
           "v1 and v2 masks identical on CUDA and the CPU"),
-    Check("model_losses", 1, 15, model_checks.model_losses, model_checks.model_losses_cpu_side,
-          "official width: CPU vs CUDA fp32 (TF32 off), bf16 and fp16 vs fp32"),
-    Check("official_step", 1, 50, step_checks.official_step, step_checks.official_step_cpu_side,
-          "bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels, before/after"),
-    Check("demo_resume", 1, 45, run_checks.demo_resume, run_checks.demo_resume_cpu_side,
-          "demo SIGKILLed mid-step and resumed on CUDA: bit-identical with --deterministic"),
-    Check("oom_and_precision", 1, 55, official_checks.oom_and_precision, official_checks.oom_and_precision_cpu_side,
-          "a real CUDA out-of-memory error halved, ending as the halved size does; bf16 vs fp32 validation"),
-    Check("background_save", 1, 40, save_checks.background_save, save_checks.background_save_cpu_side,
+    Check("model_losses", 1, 22, model_checks.model_losses, model_checks.model_losses_cpu_side,
+          "2.0 and 2.5 at the official width: CPU vs CUDA fp32 (TF32 off), bf16 and fp16 vs fp32"),
+    Check("official_step", 1, 40, step_checks.official_step, step_checks.official_step_cpu_side,
+          "2.0 bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels, before/after"),
+    Check("official_step_25", 1, 30, _25(step_checks.official_step), _25(step_checks.official_step_cpu_side),
+          "2.5 bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels"),
+    Check("demo_resume", 1, 48, run_checks.demo_resume, run_checks.demo_resume_cpu_side,
+          "2.0 and 2.5 demos SIGKILLed mid-step and resumed on CUDA: bit-identical with --deterministic"),
+    Check("oom_and_precision", 1, 45, official_checks.oom_and_precision, official_checks.oom_and_precision_cpu_side,
+          "2.0: a real CUDA out-of-memory error halved, ending as the halved size does; bf16 vs fp32 validation"),
+    Check("oom_and_precision_25", 1, 45, _25(official_checks.oom_and_precision),
+          _25(official_checks.oom_and_precision_cpu_side), "the same for 2.5"),
+    Check("background_save", 1, 26, save_checks.background_save, save_checks.background_save_cpu_side,
           "official-size save: loop blocked, background vs synchronous; pinned bytes; updates stay out"),
-    Check("cuda_checkpoint_on_cpu", 1, 20, run_checks.cuda_to_cpu, run_checks.cuda_to_cpu_cpu_side,
+    Check("cuda_checkpoint_on_cpu", 1, 14, run_checks.cuda_to_cpu, run_checks.cuda_to_cpu_cpu_side,
           "a CUDA-trained checkpoint resumed on the CPU"),
-    Check("cuda_tests", 1, 15, model_checks.cuda_tests, model_checks.cuda_tests_cpu_side,
+    Check("cuda_tests", 1, 14, model_checks.cuda_tests, model_checks.cuda_tests_cpu_side,
           "the tests that skip without CUDA, run with pytest"),
     Check("official_trainer", 1, 40, official_checks.official_trainer, official_checks.official_trainer_cpu_side,
-          "the trainer at the official config, micro-batch probed, 4 steps: no out-of-memory, the loop's rate"),
+          "2.0 trainer at the official config, micro-batch probed, 4 steps: no out-of-memory, the loop's rate",
+          on_request=True),
     Check("torchrun_two_vs_one", 2, 120, run_checks.torchrun_vs_single, run_checks.torchrun_cpu_side,
           "torchrun with 2 processes against 1: same samples, weights within rounding"),
     Check("torchrun_sigterm_resume", 2, 120, run_checks.torchrun_sigterm, run_checks.torchrun_cpu_side,
           "SIGTERM to one rank, resumed over NCCL: bit-identical (--deterministic)"),
 )
 NAMES = [c.name for c in CHECKS]
-assert sum(c.budget_s for c in CHECKS if c.needs_gpus <= 1) <= GPU_RUN_BUDGET_S
+ONE_GPU = [c for c in CHECKS if c.needs_gpus <= 1 and not c.on_request]  # what a GPU run runs by default
+assert sum(c.budget_s for c in ONE_GPU) <= GPU_RUN_BUDGET_S
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -92,9 +109,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, help=f"where the results go [$OUT when set, else ./{DEFAULT_OUT}]")
     p.add_argument("--only", action="append", choices=[c.name for c in CHECKS], metavar="NAME",
                    help=f"run this check (repeatable; '{ALWAYS}' always runs)")
-    p.add_argument("--config", type=Path, default=OFFICIAL_CONFIG,
-                   help="the model under test: a config.yaml whose gpt section the official-size checks use "
-                        "[checkpoints/config.yaml, IndexTTS2]")
+    p.add_argument("--config", type=Path, action="append", default=[],
+                   help="a model under test: a config.yaml whose gpt section the official-size checks of its family "
+                        "use, 2.5's when it says `version: 2.5` (repeatable, one per family) [IndexTTS2: "
+                        "checkpoints/config.yaml; IndexTTS-2.5: that config with 2.5's official gpt values]")
     p.add_argument("--dry-run", action="store_true", help="the CPU sides only, even on a GPU machine")
     p.add_argument("--smoke", action="store_true", help="a dry run at the smallest sizes (for the test suite)")
     p.add_argument("--list", action="store_true", help="list the checks with their budgets and exit")
@@ -107,8 +125,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--budget-scale must be positive")
     if args.work_dir is not None and not args.work_dir.is_dir():
         p.error(f"--work-dir {args.work_dir}: not an existing folder")
-    if not args.config.is_file():
-        p.error(f"--config {args.config}: no such file")
+    args.configs = {}
+    for config in args.config:
+        try:
+            family = family_of(read_gpt(config)).name
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+            p.error(f"--config {config}: not a config.yaml with a gpt section this trainer reads: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        if family in args.configs:
+            p.error(f"--config {config}: a second {LABELS[family]} config (the first: {args.configs[family]}); "
+                    "give one per model")
+        args.configs[family] = config.resolve()
     return args
 
 
@@ -168,10 +195,19 @@ def write_json(path: Path, data: object) -> None:
 
 def list_checks() -> None:
     for check in CHECKS:
-        where = ["CPU", "1 GPU", "2+ GPUs"][min(check.needs_gpus, 2)]
-        print(f"{check.name:24} {where:8} {check.budget_s:4.0f} s  {check.what}")
-    print(f"one GPU: {sum(c.budget_s for c in CHECKS if c.needs_gpus <= 1):.0f} s of budgets "
-          f"(at most {GPU_RUN_BUDGET_S} s)")
+        where = "on request" if check.on_request else ["CPU", "1 GPU", "2+ GPUs"][min(check.needs_gpus, 2)]
+        print(f"{check.name:24} {where:10} {check.budget_s:4.0f} s  {check.what}")
+    print(f"one GPU: {sum(c.budget_s for c in ONE_GPU):.0f} s of budgets (at most {GPU_RUN_BUDGET_S} s)")
+
+
+def selected(check: Check, only: list[str] | None, dry_run: bool) -> bool:
+    """Whether a check runs: `machine` always; with --only those named; else all but the on-request ones, whose
+    CPU sides a dry run runs too (so they cannot rot)."""
+    if check.name == ALWAYS:
+        return True
+    if only:
+        return check.name in only
+    return dry_run or not check.on_request
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,8 +235,9 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
     if dry_run:  # the CPU sides are tiny: one thread is as fast idle and far faster on a loaded machine
         torch.set_num_threads(1)
     ctx = Context(work, gpus, torch.cuda.get_device_name(0) if gpus else None, dry_run, args.budget_scale,
-                  smoke=args.smoke, config=args.config.resolve())
-    report = Report(command, {"gpus": gpus, "gpu": ctx.gpu_name, "config": str(args.config)}, ctx.dry_run, args.smoke)
+                  smoke=args.smoke, configs=args.configs)
+    configs = {LABELS[family]: str(ctx.config(family)) for family in LABELS}
+    report = Report(command, {"gpus": gpus, "gpu": ctx.gpu_name, "configs": configs}, ctx.dry_run, args.smoke)
     if not gpus:
         print("gpu_acceptance: no CUDA device: dry run of the CPU-side parts; GPU checks are SKIP with why", flush=True)
     elif dry_run:
@@ -211,7 +248,7 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
     started, status = time.monotonic(), None
     try:
         for check in CHECKS:
-            if args.only and check.name not in args.only and check.name != ALWAYS:
+            if not selected(check, args.only, dry_run):
                 continue
             record = run_check(check, ctx)
             release_memory(torch.device("cuda" if gpus else "cpu"))  # the next check's trainers probe free memory
@@ -236,7 +273,7 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
           f"{time.monotonic() - started:.0f} s; results in {out}{kept}")
     if failed:
         budget = sum(c.budget_s for c in CHECKS if c.name in failed or c.name == ALWAYS)
-        config = [] if args.config.resolve() == OFFICIAL_CONFIG.resolve() else ["--config", str(args.config)]
+        config = [f"--config {path}" for path in args.configs.values()]
         print(f"gpu_acceptance: rerun the failed checks ({budget:.0f} s of budgets) with: python "
               f"benchmarks/gpu_acceptance.py {' '.join(['--only ' + name for name in failed] + config)}")
     return status or (0 if report.passed else 1)

@@ -154,12 +154,17 @@ SMOKES: dict[str, Smoke] = {
     # Its detailed checks are in tests/test_gpu_acceptance.py, on the same run's JSON report and results folder.
     "gpu_acceptance.py": Smoke(("--smoke", "--out-dir", "{out}"), (
         r"^PASS machine: ",
-        r"^SKIP official_step: .*CPU side passed\n  fp32, 2 layers at width 64, .*\n  probe: micro-batch 2 .* in "
-        rf"{NUM} s\n  step now: {NUM} s, ",
+        r"^SKIP official_step: .*CPU side passed\n  2\.0: fp32, 2 layers at width 64, text head 12,001 wide, .*\n"
+        rf"  probe: micro-batch 2 .* in {NUM} s\n  step now: {NUM} s, ",
         rf"^  before/after: AdamW foreach {NUM} s/step -> foreach \(the CPU.s\) {NUM} s/step",
-        r"^SKIP oom_and_precision: .*CPU side passed\n  real out-of-memory at micro-batch 4, halved to 2: ",
-        r"^SKIP background_save: .*CPU side passed\n  state .* by a background save .* against .* by a synchronous save",
-        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 60, one_thread=False),
+        r"^SKIP official_step_25: .*CPU side passed\n  2\.5: fp32, 2 layers at width 64, text head 60,510 wide, .*\n"
+        rf"  probe: micro-batch 2 .* in {NUM} s\n  step now: {NUM} s, ",
+        r"^  2\.5 --deterministic, fp32 on cpu: SIGKILL mid-step 7, resumed to step 12: 0 tensors differ ",
+        r"^SKIP oom_and_precision: .*CPU side passed\n  2\.0: real out-of-memory at micro-batch 4, halved to 2: ",
+        r"^SKIP oom_and_precision_25: .*CPU side passed\n  2\.5: real out-of-memory at micro-batch 4, halved to 2: ",
+        r"^SKIP background_save: .*CPU side passed\n  2\.0: state .* by a background save .* against .* by a "
+        r"synchronous save",
+        r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 80, one_thread=False),
     "gpu_table.py": Smoke(("--smoke",), (
         r"^check at width 128, fp32: .*: equal$",
         r"^check at width 128, bf16: .*: equal$",

@@ -1,7 +1,8 @@
-"""benchmarks/gpu_acceptance.py: its dry run (what a machine without a GPU runs) reports every check and writes
-the results folder the GPU machine sends back; a check that breaks or overruns fails alone; the budgets fit the
-GPU's time; and the trainer processes start where the package is not installed (the GPU machine runs a copy of
-the working tree). The GPU parts themselves need a GPU to run."""
+"""benchmarks/gpu_acceptance.py: its dry run (what a machine without a GPU runs) reports every check of both models
+(IndexTTS2 and IndexTTS-2.5) and writes the results folder the GPU machine sends back; a check that breaks or
+overruns fails alone; the budgets fit the GPU's time; the model FLOPs its MFU divides by are those the model
+computes; and the trainer processes start where the package is not installed (the GPU machine runs a copy of the
+working tree). The GPU parts themselves need a GPU to run."""
 from __future__ import annotations
 
 import json
@@ -60,14 +61,86 @@ def test_the_dry_run_reports_every_check_and_writes_the_results_folder(tmp_path_
     step = records["official_step"]["figures"]
     assert set(step["variants"]) == {"now", "foreach_adamw", "no_dropout"} and step["micro_batch"] == 2
     assert step["kernels"]["gemm_share"] > 0
+    # Both models: 2.5's step (its 60,510-wide text head, 3 prefix positions), its losses, its demo resumed
+    # bit-identically, its official-width trainer runs on its own corpus and config, its save figures computed.
+    step25 = records["official_step_25"]["figures"]
+    assert step25["model"] == "2.5" and step25["text_vocabulary"] == 60510 and step25["micro_batch"] == 2
+    assert step25["positions"] == step["positions"] - 31 and set(step25["variants"]) == {"now"}
+    assert set(records["model_losses"]["figures"]) == {"2.0", "2.5"}
+    assert set(records["demo_resume"]["figures"]) == {"2.0 --deterministic", "2.5 --deterministic"}
+    assert records["demo_resume"]["figures"]["2.5 --deterministic"]["tensors_differing"] == 0
+    assert records["oom_and_precision_25"]["figures"]["halving"]["halved"] == [4, 2]
+    assert records["background_save"]["figures"]["2.5_computed"]["bytes_ratio"] > 1
+    assert "demo25.yaml" in commands and "official_indextts25/train.jsonl" in commands
+    assert report["machine"]["configs"]["2.0"].endswith("checkpoints/config.yaml")
+    assert report["machine"]["configs"]["2.5"].endswith("official25/config.yaml")
 
 
-def test_the_budgets_of_a_one_gpu_run_fit_five_minutes_and_the_order_puts_the_machine_first():
-    one_gpu = [c for c in gpu_acceptance.CHECKS if c.needs_gpus <= 1]
+def test_the_budgets_of_a_one_gpu_run_fit_five_minutes_with_both_models_and_the_machine_first():
+    one_gpu = [c for c in gpu_acceptance.CHECKS if c.needs_gpus <= 1 and not c.on_request]
+    assert one_gpu == gpu_acceptance.ONE_GPU
     assert sum(c.budget_s for c in one_gpu) <= GPU_RUN_BUDGET_S == 300
     assert gpu_acceptance.CHECKS[0].name == gpu_acceptance.ALWAYS == "machine"
-    # A rerun of any failed checks fits in what the first run's budgets leave of the same loan.
-    assert all(c.budget_s <= GPU_RUN_BUDGET_S / 4 for c in one_gpu)
+    # A rerun of any failed checks, or a check run on request, fits in what the first run leaves of the same loan.
+    assert all(c.budget_s <= GPU_RUN_BUDGET_S / 4 for c in gpu_acceptance.CHECKS if c.needs_gpus <= 1)
+    # 2.5's counterparts of the per-model checks run by default; the others cover both models or shared machinery.
+    names = {c.name for c in one_gpu}
+    assert {"official_step", "official_step_25", "oom_and_precision", "oom_and_precision_25", "demo_resume",
+            "model_losses", "background_save"} <= names
+    assert [c.name for c in gpu_acceptance.CHECKS if c.on_request] == ["official_trainer"]
+
+
+def test_an_on_request_check_runs_when_named_and_in_a_dry_run_but_not_by_default_on_a_gpu():
+    trainer = next(c for c in gpu_acceptance.CHECKS if c.on_request)
+    machine = gpu_acceptance.CHECKS[0]
+    assert not gpu_acceptance.selected(trainer, None, dry_run=False)
+    assert gpu_acceptance.selected(trainer, None, dry_run=True)
+    assert gpu_acceptance.selected(trainer, [trainer.name], dry_run=False)
+    assert gpu_acceptance.selected(machine, ["official_step"], dry_run=False)
+    assert not gpu_acceptance.selected(gpu_acceptance.CHECKS[1], ["official_step"], dry_run=False)
+
+
+def test_config_names_a_models_config_by_its_family_and_refuses_two_of_one(tmp_path, capsys):
+    """--config replaces the official config of its family (2.5's when it says `version: 2.5`); the checks of the
+    other family keep theirs; two configs of one family, or a file that is not a config, exit 2 naming it."""
+    from benchmarks.acceptance.corpus import IDX25, write_config, write_official_25
+
+    config25 = write_config(tmp_path / "mine25.yaml", write_official_25(tmp_path / "official25.yaml"), layers=12)
+    args = gpu_acceptance.parse_args(["--config", str(config25)])
+    ctx = Context(tmp_path, 0, None, True, configs=args.configs)
+    assert ctx.gpt(IDX25).layers == 12 and ctx.gpt(IDX25).number_text_tokens == 60509
+    assert ctx.gpt().layers == 24 and ctx.gpt().number_text_tokens == 12000  # 2.0: checkpoints/config.yaml
+    for argv, named in ((["--config", str(config25), "--config", str(config25)], "a second 2.5 config"),
+                        (["--config", str(REPO / "README.md")], "README.md: not a config.yaml")):
+        with pytest.raises(SystemExit) as exit_info:
+            gpu_acceptance.parse_args(argv)
+        assert exit_info.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_the_model_flops_of_both_models_are_those_their_step_computes():
+    """MFU divides the model FLOPs of flops.py by the time: counted here by torch's FLOP counter over a real
+    forward and backward of each model (the attention on the math backend, whose products it sees), the 2.5 text
+    loss's recomputed logits taken out. At width 256 and the official vocabularies the heads dominate, so a head
+    counted at the other model's width (12,001 against 60,510 columns) would be off by far more than 1%."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks.acceptance.corpus import IDX2, IDX25, build_model, family_of, positions, random_inputs
+    from benchmarks.acceptance.flops import flops_per_sample
+
+    ctx = Context(REPO, 0, None, True)
+    text_len, code_len, samples = 12, 40, 2
+    for family in (IDX2, IDX25):
+        cfg = ctx.gpt(family, model_dim=256, heads=4, layers=1)
+        model = build_model(cfg).eval()  # no dropout: the products only
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            sums = model.loss_sums(**random_inputs(cfg, [text_len] * samples, [code_len] * samples, seed=0))
+            (sums["text_ce"] + sums["mel_ce"]).backward()
+        recomputed = 2 * cfg.model_dim * (cfg.number_text_tokens + 1) * (text_len + 1) * samples if family == IDX25 else 0
+        counted = counter.get_total_flops() - recomputed
+        model_flops = samples * flops_per_sample(cfg, text_len, code_len,
+                                                 positions(text_len, code_len, family_of(cfg).model.prefix_len))
+        assert abs(counted / model_flops - 1) < 0.005, (family, counted, model_flops)
 
 
 def _context(tmp_path) -> Context:
@@ -190,7 +263,15 @@ def test_the_summaries_of_a_gpu_run_print_the_figures_a_gpu_gives(tmp_path):
     text = "\n".join(step_checks._lines(figures, "bf16", gpu, 79.1))
     assert "MFU " in text and "probe: micro-batch 32" in text and "AdamW foreach 1.100 s/step -> fused 1.000" in text
     assert "synchronisations per step: 5" in text and "peak memory of the steps: 61.25 GiB" in text
-    assert "attention 10% (flash_fwd)" in text and "989.0 TFLOP/s" in text
+    assert "attention 10% (flash_fwd)" in text and "989.0 TFLOP/s" in text and text.startswith("2.0: bf16, 24 layers")
+    # 2.5's step: the step as it runs now only (the switches are measured on 2.0), its own text head and prefix.
+    cfg25 = Context(tmp_path, 1, gpu, False).gpt("indextts25")
+    inputs25 = step_checks.make_inputs(cfg25, 4, 20, 30, torch.device("cpu"))
+    measured25 = step_checks.Measured(9.0, 30, {"now": 1.1}, 63.5, measured.syncs, measured.kernels)
+    figures25 = step_checks._figures(cfg25, inputs25, measured25, peak_flops(gpu))
+    text25 = "\n".join(step_checks._lines(figures25, "bf16", gpu, 79.1))
+    assert text25.startswith("2.5: bf16, 24 layers at width 1280, text head 60,510 wide, samples of 57 positions")
+    assert "MFU " in text25 and "before/after" not in text25 and "peak memory of the steps: 63.5 GiB" in text25
 
     oom = {"calibration": {"layers": 4, "micro_batch": 32, "step_peak_gib": [14.1, 7.2], "cap_gib": 12.3,
                            "margin_gib": 1.9},
@@ -199,13 +280,16 @@ def test_the_summaries_of_a_gpu_run_print_the_figures_a_gpu_gives(tmp_path):
                                        "weights_differing": 12, "max_abs_weight_diff": 3e-7},
            "bf16_vs_fp32": {"steps": [6, 6], "bf16_val": {"text_loss": 9.1, "mel_loss": 8.9},
                             "fp32_val": {"text_loss": 9.1, "mel_loss": 8.9}, "val_loss_rel_diff": 1e-4}}
-    assert len(official_checks._oom_lines(oom, 32)) == 4
+    assert len(official_checks._oom_lines(oom, 32, "2.0")) == 4
+    assert official_checks._oom_lines(oom, 32, "2.5")[3].startswith("2.5: bf16 vs fp32 (TF32 off) after 6 steps")
     trainer = {"micro_batch": 31, "seconds": 30.1, "first_step_after_start_s": 20.2, "samples_per_s": 60.0,
                "positions_per_s": 104280, "tokens_per_s": 102000, "mfu": 0.37}
     assert "MFU 37.0%" in official_checks._trainer_lines(trainer, 24)[1]
     save = {"state_gb": 7.7, "tensors": 1269, "loop_blocked_s": 0.4, "write_s": 6.0, "sync_blocked_s": 7.9,
-            "reached_the_file": 0, "compared": 1269, "reserve_s": 2.1}
-    assert "6.0 GiB measured" in save_checks._lines(save, 6.0, 6.0)[2]
+            "reached_the_file": 0, "compared": 1269, "reserve_s": 2.1,
+            "2.5_computed": {"state_gb": 8.45, "bytes_ratio": 1.097, "loop_blocked_s": 0.44, "sync_blocked_s": 8.67}}
+    lines = save_checks._lines(save, 6.0, 6.0)
+    assert "6.0 GiB measured" in lines[2] and lines[3].startswith("2.5: state 8.45 GB (x1.097): 0.44 s blocked")
 
     ctx = Context(tmp_path, 1, gpu, False)
     ctx.memo["environment"] = {"gpus": [{"name": gpu, "free_gib": 78.9, "total_gib": 79.2}],

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tests.demo_runs import REPO, SCRIPT, demo_flags, subprocess_env
+from benchmarks.acceptance.corpus import IDX2, IDX25, OFFICIAL_CONFIG, read_gpt, write_official_25
+from tests.demo_runs import REPO, SCRIPT, demo25_flags, demo_flags, subprocess_env
 from trainers.model.gpt_model import GPTConfig
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
@@ -57,7 +58,8 @@ class Context:
     dry_run: bool  # CPU sides only, even where a GPU is present
     budget_scale: float = 1.0
     smoke: bool = False  # --smoke: a dry run whose CPU sides measure at smaller sizes where they can
-    config: Path = REPO / "checkpoints" / "config.yaml"  # the model under test (--config): its gpt section
+    # The models under test: a config.yaml per family (--config) in place of its official one (corpus.py).
+    configs: dict[str, Path] = field(default_factory=dict)
     deadline: float = math.inf  # of the check running now (time.monotonic)
     memo: dict[str, Any] = field(default_factory=dict)
     logs: int = 0  # trainer logs written so far, for their file names
@@ -78,10 +80,18 @@ class Context:
             self.memo[key] = make()
         return self.memo[key]
 
-    def gpt(self, **changes: Any) -> GPTConfig:
-        """The gpt section of the config under test, with `changes`."""
-        from benchmarks.acceptance.corpus import read_gpt
-        return read_gpt(self.config, **changes)
+    def config(self, family: str = IDX2) -> Path:
+        """The config.yaml of a family under test: the one --config named, else its official one (2.5's written
+        into the work folder once, from 2.0's)."""
+        if family in self.configs:
+            return self.configs[family]
+        if family == IDX25:
+            return self.shared("config25", lambda: write_official_25(self.folder("official25/config.yaml")))
+        return OFFICIAL_CONFIG
+
+    def gpt(self, family: str = IDX2, **changes: Any) -> GPTConfig:
+        """The gpt section of a family's config under test, with `changes`."""
+        return read_gpt(self.config(family), **changes)
 
     @property
     def log_dir(self) -> Path:
@@ -90,9 +100,11 @@ class Context:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def demo(self) -> list[str]:
-        """Flags naming the demo corpus, tokenizer and base checkpoint (generated once, as the tests do)."""
-        return self.shared("demo_assets", lambda: demo_flags(self.folder("demo_assets")))
+    def demo(self, family: str = IDX2) -> list[str]:
+        """Flags naming a family's demo corpus, tokenizer and base checkpoint (generated once, as the tests do; 2.5's
+        with its config, checkpoints/demo25.yaml)."""
+        make = demo25_flags if family == IDX25 else demo_flags
+        return self.shared(f"demo_assets/{family}", lambda: make(self.folder(f"demo_assets_{family}")))
 
     def demo_tokenizer(self) -> Path:
         flags = self.demo()

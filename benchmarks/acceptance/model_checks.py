@@ -9,7 +9,7 @@ from contextlib import nullcontext
 import torch
 
 from benchmarks.acceptance.context import Context, Job, child_env
-from benchmarks.acceptance.corpus import build_model
+from benchmarks.acceptance.corpus import IDX2, IDX25, LABELS, build_model, random_inputs
 from benchmarks.acceptance.runner import Outcome
 from tests.demo_runs import REPO
 from trainers.model.gpt_model import UnifiedVoiceGPT
@@ -141,15 +141,11 @@ def dropout_masks_cpu_side(ctx: Context) -> Outcome:
 def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None,
           lens: tuple[tuple[int, int], ...] = LENGTHS) -> dict[str, float]:
     """Mean text and mel cross-entropy and the global gradient norm of one training pass (dropout on)."""
-    cfg, g = model.cfg, torch.Generator().manual_seed(3)
-    text, codes = max(t for t, _ in lens), max(c for _, c in lens)
-    batch = (torch.randn(2, 32, cfg.model_dim, generator=g), torch.randn(2, cfg.model_dim, generator=g),
-             torch.randint(2, cfg.number_text_tokens, (2, text), generator=g), torch.tensor([t for t, _ in lens]),
-             torch.randint(0, cfg.start_mel_token, (2, codes), generator=g), torch.tensor([c for _, c in lens]))
-    batch = tuple(t.to(device) for t in batch)
+    batch = random_inputs(model.cfg, [t for t, _ in lens], [c for _, c in lens], seed=3)
+    batch = {k: t.to(device) for k, t in batch.items()}
     model.zero_grad(set_to_none=True)
     with torch.autocast(device, dtype=dtype) if dtype else nullcontext():
-        sums = model.loss_sums(*batch, dropout_keys=dropout_keys(1234, 0, torch.arange(2, device=device)))
+        sums = model.loss_sums(**batch, dropout_keys=dropout_keys(1234, 0, torch.arange(2, device=device)))
     (sums["text_ce"] + sums["mel_ce"]).backward()
     norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]))
     sums = {k: v.detach() for k, v in sums.items()}
@@ -177,10 +173,14 @@ def _model(cfg) -> UnifiedVoiceGPT:
     return model
 
 
-def model_losses(ctx: Context) -> Outcome:
-    """The official width: CUDA fp32 (TF32 off) against the CPU's fp32; CUDA bf16 and fp16 against CUDA fp32."""
-    cuda = _model(ctx.gpt(layers=LOSS_LAYERS))
-    figures: dict = {"fp32_cpu": _pass(cuda, "cpu", None)}
+FAMILIES = (IDX2, IDX25)  # both models: 2.5's prefix, language rows and 60,510-column text loss in blocks
+
+
+def _family_losses(cfg) -> tuple[bool, dict]:
+    """One model at the official width: CUDA fp32 (TF32 off) against the CPU's fp32; CUDA bf16 and fp16 against
+    CUDA fp32."""
+    cuda = _model(cfg)
+    figures: dict = {"size": _size(cfg), "fp32_cpu": _pass(cuda, "cpu", None)}
     cuda.zero_grad(set_to_none=True)
     cuda.cuda()  # the same weights, moved
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -194,23 +194,46 @@ def model_losses(ctx: Context) -> Outcome:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
         del cuda
         torch.cuda.empty_cache()
-    return Outcome(ok, figures, "", _loss_lines(figures, LOSS_LAYERS))
+    return ok, figures
 
 
-def _loss_lines(figures: dict, layers: int) -> tuple[str, ...]:
+def model_losses(ctx: Context) -> Outcome:
+    """Each model (2.0, 2.5) at the official width with LOSS_LAYERS layers: _family_losses."""
+    return _each_family(ctx, lambda family: _family_losses(ctx.gpt(family, layers=LOSS_LAYERS)))
+
+
+def _each_family(ctx: Context, compare) -> Outcome:
+    """`compare(family)` -> (ok, figures) for each model; the figures under its label, a line each."""
+    figures, lines, ok = {}, [], True
+    for family in FAMILIES:
+        passed, figures[LABELS[family]] = compare(family)
+        ok &= passed
+        lines += _loss_lines(figures[LABELS[family]], LABELS[family])
+    return Outcome(ok, figures, "", tuple(lines))
+
+
+def _loss_lines(figures: dict, label: str) -> tuple[str, ...]:
     ref = "fp32_cuda" if "fp32_cuda" in figures else "fp32_cpu"
-    parts = [f"{name.replace('_', ' ')} {figures[name]['rel_diff']:.1e}" for name in figures if name != "fp32_cpu"]
-    return (f"{layers} layers at the official width, one training pass: loss vs {ref.replace('_', ' ')} "
-            f"(relative): {', '.join(parts)}; tolerances fp32 CPU/CUDA {FP32_DEVICE_RTOL}, bf16 {BF16_RTOL}, "
-            f"fp16 {FP16_RTOL}",)
+    parts = [f"{name.replace('_', ' ')} {figures[name]['rel_diff']:.1e}" for name in figures
+             if name not in ("fp32_cpu", "size")]
+    return (f"{label}: {figures['size']}, one training pass: loss vs {ref.replace('_', ' ')} (relative): "
+            f"{', '.join(parts)}; tolerances fp32 CPU/CUDA {FP32_DEVICE_RTOL}, bf16 {BF16_RTOL}, fp16 {FP16_RTOL}",)
+
+
+def _size(cfg) -> str:
+    return f"{cfg.layers} layers at width {cfg.model_dim}, text head {cfg.number_text_tokens + 1:,} wide"
+
+
+def _cpu_losses(cfg) -> tuple[bool, dict]:
+    model = _model(cfg)
+    figures: dict = {"size": _size(cfg), "fp32_cpu": _pass(model, "cpu", None, SMALL_LENGTHS)}
+    ref = figures["fp32_cpu"]
+    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16, SMALL_LENGTHS), ref, BF16_RTOL)
+    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16, SMALL_LENGTHS), ref, FP16_RTOL)
+    return ok, figures
 
 
 def model_losses_cpu_side(ctx: Context) -> Outcome:
     """The same comparisons on the CPU's autocast (bf16 and fp16 against fp32) at width 64, 2 layers and short
-    samples: without bf16 instructions a CPU's bf16 and fp16 products are ~50-80x slower than fp32."""
-    model = _model(ctx.gpt(model_dim=64, heads=4, layers=2))
-    figures: dict = {"fp32_cpu": _pass(model, "cpu", None, SMALL_LENGTHS)}
-    ref = figures["fp32_cpu"]
-    ok = _compare(figures, "bf16_cpu", _pass(model, "cpu", torch.bfloat16, SMALL_LENGTHS), ref, BF16_RTOL)
-    ok &= _compare(figures, "fp16_cpu", _pass(model, "cpu", torch.float16, SMALL_LENGTHS), ref, FP16_RTOL)
-    return Outcome(ok, figures, "", _loss_lines(figures, 2))
+    samples, each model: without bf16 instructions a CPU's bf16 and fp16 products are ~50-80x slower than fp32."""
+    return _each_family(ctx, lambda family: _cpu_losses(ctx.gpt(family, model_dim=64, heads=4, layers=2)))

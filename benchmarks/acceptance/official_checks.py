@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.acceptance.context import Context, Finished
-from benchmarks.acceptance.corpus import LONG_CODES, LONG_TEXT, Corpus, build_model, write_config, write_corpus
+from benchmarks.acceptance.corpus import IDX2, LABELS, LONG_CODES, LONG_TEXT, Corpus, build_model, family_of, \
+    read_gpt, write_config, write_corpus
 from benchmarks.acceptance.flops import flops_per_sample, mfu, peak_flops
 from benchmarks.acceptance.runner import Outcome
 from benchmarks.throughput import INTERVAL_LINE
@@ -86,13 +87,14 @@ def _threads(ctx: Context) -> dict[str, str]:
     return {} if _small(ctx) else {"OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "8"}
 
 
-def official_corpus(ctx: Context) -> Corpus:
+def official_corpus(ctx: Context, family: str = IDX2) -> Corpus:
     def make() -> Corpus:
         small = _small(ctx)
-        return write_corpus(ctx.folder("official"), ctx.demo_tokenizer(), SMALL if small else None,
+        return write_corpus(ctx.folder(f"official_{family}"), ctx.demo_tokenizer() if family == IDX2 else None,
+                            SMALL if small else None,
                             **(SMALL_LENGTHS if small else {"text_len": LONG_TEXT, "code_len": LONG_CODES}),
-                            source=ctx.config)
-    return ctx.shared(f"official_corpus/{ctx.device}", make)
+                            source=ctx.config(family))
+    return ctx.shared(f"official_corpus/{family}/{ctx.device}", make)
 
 
 def _final(out: Path) -> schema.Checkpoint:
@@ -168,7 +170,7 @@ def _trainer_lines(figures: dict, layers: int) -> tuple[str, ...]:
     if "samples_per_s" not in figures:
         return ()
     mfu_text = f", MFU {figures['mfu']:.1%}" if figures["mfu"] is not None else ""
-    return (f"the trainer, {layers} layers, micro-batch probed: {figures['micro_batch']}; first step "
+    return (f"2.0: the trainer, {layers} layers, micro-batch probed: {figures['micro_batch']}; first step "
             f"{figures['first_step_after_start_s']} s after process start; {figures['seconds']} s in all (ended after "
             f"step {TRAINER_STEPS}, before its final save)",
             f"loop rate over steps 2-{TRAINER_STEPS}: {figures['samples_per_s']} samples/s, "
@@ -196,19 +198,23 @@ def official_trainer_cpu_side(ctx: Context) -> Outcome:
 
 
 def _run_flags(ctx: Context, config: Path, base: Path, micro: int) -> list[str]:
-    """The flags every run of this check shares but the micro-batch (and precision): one base checkpoint (without
-    one the trainer's random initial weights differ from process to process) and one validation set (its
-    best.pth at step 0 holds the weights alone: 0.5 GB at 4 layers)."""
-    return [*official_corpus(ctx).flags(), "--config", str(config), "--base-checkpoint", str(base), *FLAGS, *VALIDATION,
-            *_loader(ctx), "--device", ctx.device, "--max-steps", str(OOM_STEPS), "--effective-batch", str(2 * micro),
-            "--log-sample-ids"]
+    """The flags every run of this check shares but the micro-batch (and precision): one base checkpoint (the
+    loading of a gpt.pth at the official width, and the same start for every run) and one validation set (its
+    best.pth at step 0 holds the weights alone: 0.5 GB at 4 layers for 2.0, 1.0 GB for 2.5)."""
+    family = family_of(read_gpt(config)).name
+    return [*official_corpus(ctx, family).flags(), "--config", str(config), "--base-checkpoint", str(base), *FLAGS,
+            *VALIDATION, *_loader(ctx), "--device", ctx.device, "--max-steps", str(OOM_STEPS), "--effective-batch",
+            str(2 * micro), "--log-sample-ids"]
 
 
 def _oom_inputs(ctx: Context, cfg: GPTConfig) -> tuple[Path, Path]:
-    """The config with OOM_LAYERS layers and a base checkpoint of it (the trainer's initialisation, seed 0)."""
-    folder = ctx.folder("oom")
-    config = write_config(folder / "config.yaml", ctx.config, **{f: getattr(cfg, f) for f in CHANGED})
-    return config, ensure_demo_base(folder, cfg)
+    """The config with OOM_LAYERS layers and a base checkpoint of it (the trainer's initialisation, seed 0; 2.0's
+    with the tensors a base carries, 2.5's with its model's alone)."""
+    family = family_of(cfg)
+    folder = ctx.folder(f"oom_{family.name}")
+    config = write_config(folder / "config.yaml", ctx.config(family.name), **{f: getattr(cfg, f) for f in CHANGED})
+    extras = {} if family.name == IDX2 else {"extras": lambda width: {}}
+    return config, ensure_demo_base(folder, cfg, model=family.model, **extras)
 
 
 def _train_losses(state: schema.Checkpoint) -> list[tuple[int, float, float]]:
@@ -253,7 +259,7 @@ def _precision(bf16: Path, fp32: Path) -> tuple[bool, dict]:
     return a.step == b.step == OOM_STEPS and rel <= PRECISION_RTOL, figures
 
 
-def oom_and_precision(ctx: Context) -> Outcome:
+def oom_and_precision(ctx: Context, family: str = IDX2) -> Outcome:
     """A real CUDA out-of-memory error: the allocator is capped (torch.cuda.set_per_process_memory_fraction)
     between what a step at micro-batch m needs and what one at m / 2 needs, measured here first with the
     probe's own measurement; the trainer, given --batch-size m, must halve and finish, ending as a run given
@@ -264,14 +270,14 @@ def oom_and_precision(ctx: Context) -> Outcome:
     and m / 2 is wide against the allocator's rounding. A step's two accumulating passes peak at P(m); from the
     first update on, AdamW's moments (2 x the trained weights, M) are held too. The cap is the weights plus the
     midpoint of P(m) (step 1 at m, no moments yet: must not fit) and M + P(m / 2) (every later step: must fit),
-    so both miss it by the same margin, at least OOM_MARGIN."""
-    cfg = ctx.gpt(layers=OOM_LAYERS)
+    so both miss it by the same margin, at least OOM_MARGIN. IndexTTS-2.5's (oom_and_precision_25) the same."""
+    cfg = ctx.gpt(family, layers=OOM_LAYERS)
     micro, fraction, calibration = _calibrate(cfg)
     if micro is None:
         return Outcome(False, calibration, f"no micro-batch in {OOM_MICRO_BATCHES} leaves {OOM_MARGIN / 2 ** 30} GiB "
                                            "each side of the cap on this GPU")
     config, base = _oom_inputs(ctx, cfg)
-    runs = {name: ctx.folder(f"oom/{name}") for name in ("capped", "bf16", "fp32")}
+    runs = {name: ctx.folder(f"oom_{family}/{name}") for name in ("capped", "bf16", "fp32")}
     env = _threads(ctx)
     try:
         capped, bf16, fp32 = ctx.run(
@@ -290,10 +296,10 @@ def oom_and_precision(ctx: Context) -> Outcome:
     figures = {"calibration": calibration, "halving": halving, "halved_vs_uninterrupted": same,
                "bf16_vs_fp32": precision}
     return Outcome(halved_ok and same_ok and precision_ok, figures, "" if halved_ok else "no real halving",
-                   _oom_lines(figures, micro))
+                   _oom_lines(figures, micro, LABELS[family]))
 
 
-def _oom_lines(figures: dict, micro: int) -> tuple[str, ...]:
+def _oom_lines(figures: dict, micro: int, label: str) -> tuple[str, ...]:
     lines = []
     c, h, s, p = (figures.get(k, {}) for k in ("calibration", "halving", "halved_vs_uninterrupted", "bf16_vs_fp32"))
     if "cap_gib" in c:
@@ -309,16 +315,16 @@ def _oom_lines(figures: dict, micro: int) -> tuple[str, ...]:
     if "val_loss_rel_diff" in p:
         lines.append(f"bf16 vs fp32 (TF32 off) after {OOM_STEPS} steps: validation {p['bf16_val']} vs {p['fp32_val']}, "
                      f"relative difference {p['val_loss_rel_diff']:.2e} (limit {PRECISION_RTOL})")
-    return tuple(lines)
+    return tuple(f"{label}: {line}" for line in lines)
 
 
-def oom_and_precision_cpu_side(ctx: Context) -> Outcome:
+def oom_and_precision_cpu_side(ctx: Context, family: str = IDX2) -> Outcome:
     """The capped launcher uncapped on the CPU, the error injected at the first micro-batch of step 1, against the
     run at the halved size (bit-identical here: the CPU adds in one order). The fp32 run's command line parses;
     it does not run (bf16 on the CPU is not what a GPU runs, and 80x slower without bf16 instructions)."""
-    config, base = _oom_inputs(ctx, ctx.gpt(**{**SMALL, "layers": OOM_LAYERS}))
+    config, base = _oom_inputs(ctx, ctx.gpt(family, **{**SMALL, "layers": OOM_LAYERS}))
     micro = SMALL_BATCH // 2
-    runs = {name: ctx.folder(f"oom/{name}") for name in ("capped", "reference")}
+    runs = {name: ctx.folder(f"oom_{family}/{name}") for name in ("capped", "reference")}
     try:
         capped, reference = ctx.run(
             ctx.trainer(runs["capped"], *_run_flags(ctx, config, base, micro), "--batch-size", str(micro),
@@ -335,7 +341,7 @@ def oom_and_precision_cpu_side(ctx: Context) -> Outcome:
                         "--no-tf32"])
     figures = {"halving": halving, "halved_vs_uninterrupted": same}
     ok = halved_ok and same_ok and same.get("weights_differing") == 0 and precision_ok
-    return Outcome(ok, figures, "", _oom_lines(figures, micro))
+    return Outcome(ok, figures, "", _oom_lines(figures, micro, LABELS[family]))
 
 
 def _calibrate(cfg) -> tuple[int | None, float, dict]:

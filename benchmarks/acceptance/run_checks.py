@@ -1,4 +1,5 @@
-"""Checks of whole trainer runs on the demo: a kill and resume in the default precision, a CUDA-trained
+"""Checks of whole trainer runs on the demos: a kill and resume in the default precision (IndexTTS2's demo, and
+IndexTTS-2.5's with --deterministic: its data path, .npz pairs with their languages, on CUDA), a CUDA-trained
 checkpoint resumed on the CPU, and with 2+ GPUs torchrun against one process and a SIGTERM to one rank."""
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import signal
 from pathlib import Path
 
 from benchmarks.acceptance.context import Context, Finished
+from benchmarks.acceptance.corpus import IDX2, IDX25, LABELS
 from benchmarks.acceptance.runner import Outcome
 from tests.demo_runs import assert_close_weights, final_state
 from trainers.config.flags import parse_command_line
@@ -33,34 +35,41 @@ def _expect(done: Finished, status: int, what: str) -> None:
         raise RuntimeError(f"{what} exited {done.returncode}, expected {status}: {done.tail()}")
 
 
-def demo_pairs(ctx: Context, *kinds: bool) -> dict[bool, tuple[Path, Path]]:
-    """For each kind (--deterministic or not): an uninterrupted demo run and one SIGKILLed at KILL then resumed,
-    in the default precision on ctx.device: {deterministic: (reference, resumed)}. Every pair not run yet in this
+Kind = tuple[str, bool]  # (model family, --deterministic)
+
+
+def _kind_name(kind: Kind) -> str:
+    return f"{LABELS[kind[0]]} {'--deterministic' if kind[1] else 'default'}"
+
+
+def demo_pairs(ctx: Context, *kinds: Kind) -> dict[Kind, tuple[Path, Path]]:
+    """For each kind (a family's demo, --deterministic or not): an uninterrupted run and one SIGKILLed at KILL then
+    resumed, in the default precision on ctx.device: {kind: (reference, resumed)}. Every pair not run yet in this
     invocation starts at once (a run's start-up dominates on a GPU machine), then every resume at once."""
-    key = lambda deterministic: f"demo_pair/{ctx.device}/{deterministic}"  # noqa: E731
+    key = lambda kind: f"demo_pair/{ctx.device}/{kind[0]}/{kind[1]}"  # noqa: E731
     todo = [k for k in dict.fromkeys(kinds) if key(k) not in ctx.memo]
     if todo:
         pairs, jobs = {}, []
-        for deterministic in todo:
-            name = f"demo_{ctx.device}_{'deterministic' if deterministic else 'default'}"
+        for family, deterministic in todo:
+            name = f"demo_{family}_{ctx.device}_{'deterministic' if deterministic else 'default'}"
             ref, run = ctx.folder(f"{name}/reference"), ctx.folder(f"{name}/resumed")
-            flags = [*ctx.demo(), *FLAGS, "--device", ctx.device, *(["--deterministic"] if deterministic else [])]
-            pairs[deterministic] = (ref, run)
+            flags = [*ctx.demo(family), *FLAGS, "--device", ctx.device, *(["--deterministic"] if deterministic else [])]
+            pairs[family, deterministic] = (ref, run)
             jobs += [ctx.trainer(ref, *flags), ctx.trainer(run, *flags, kill_at=KILL)]
         finished = ctx.run(*jobs)
-        for i, deterministic in enumerate(todo):
-            _expect(finished[2 * i], 0, f"the uninterrupted run ({'--deterministic' if deterministic else 'default'})")
-            _expect(finished[2 * i + 1], -signal.SIGKILL, f"the run killed at {KILL}")
+        for i, kind in enumerate(todo):
+            _expect(finished[2 * i], 0, f"the uninterrupted run ({_kind_name(kind)})")
+            _expect(finished[2 * i + 1], -signal.SIGKILL, f"the run killed at {KILL} ({_kind_name(kind)})")
         resumed = ctx.run(*[ctx.trainer(pairs[k][1], "--resume", "auto") for k in todo])
-        for done in resumed:
-            _expect(done, 0, "the resume")
-        for deterministic in todo:
-            ctx.memo[key(deterministic)] = pairs[deterministic]
+        for kind, done in zip(todo, resumed):
+            _expect(done, 0, f"the resume ({_kind_name(kind)})")
+        for kind in todo:
+            ctx.memo[key(kind)] = pairs[kind]
     return {k: ctx.memo[key(k)] for k in kinds}
 
 
-def demo_pair(ctx: Context, deterministic: bool) -> tuple[Path, Path]:
-    return demo_pairs(ctx, deterministic)[deterministic]
+def demo_pair(ctx: Context, deterministic: bool, family: str = IDX2) -> tuple[Path, Path]:
+    return demo_pairs(ctx, (family, deterministic))[family, deterministic]
 
 
 def difference(a: Path, b: Path) -> dict:
@@ -87,29 +96,50 @@ def _relative(a: dict, b: dict, keys: tuple[str, ...] = ("text_loss", "mel_loss"
     return max(abs(a[k] - b[k]) / abs(b[k]) for k in keys)
 
 
+# The pairs of demo_resume: 2.0's with and without --deterministic (the default one feeds cuda_checkpoint_on_cpu),
+# 2.5's with: what 2.5 adds is its model and data path, the checkpoint and resume machinery being shared.
+DEMO_KINDS: tuple[Kind, ...] = ((IDX2, True), (IDX2, False), (IDX25, True))
+
+
+def _exact(ctx: Context, pair: tuple[Path, Path], kind: Kind) -> tuple[bool, dict, str]:
+    """A --deterministic pair: bit-identical after the SIGKILL and resume."""
+    exact = difference(*pair)
+    ok = exact["tensors_differing"] == 0 and exact["same_samples"] and exact["steps"] == [STEPS, STEPS]
+    amp = exact["amp"] if exact["amp"] not in (None, "None") else "fp32"  # the checkpoint writes "None" for none
+    line = (f"{_kind_name(kind)}, {amp} on {ctx.device}: SIGKILL mid-step 7, resumed to step "
+            f"{exact['steps'][1]}: {exact['tensors_differing']} tensors differ from the uninterrupted run (weights "
+            f"and AdamW state), same samples {exact['same_samples']}")
+    return ok, exact, line
+
+
+def _resumes(ctx: Context, kinds: tuple[Kind, ...]) -> Outcome:
+    """Every kind's pair (run at once): --deterministic ones bit-identical, default ones within rounding."""
+    pairs = demo_pairs(ctx, *kinds)
+    ok, figures, lines = True, {}, []
+    for kind in kinds:
+        if kind[1]:
+            passed, figures[_kind_name(kind)], line = _exact(ctx, pairs[kind], kind)
+        else:
+            ref, run = pairs[kind]
+            default = figures[_kind_name(kind)] = difference(ref, run)
+            default["val_loss_rel_diff"] = _relative(last_validation(run), last_validation(ref))
+            passed = default["same_samples"] and default["val_loss_rel_diff"] <= RESUME_LOSS_RTOL
+            line = (f"{_kind_name(kind)}: {default['tensors_differing']} tensors differ (max weight "
+                    f"{default['max_abs_weight']:.2e}), validation losses within {default['val_loss_rel_diff']:.2e} "
+                    f"(limit {RESUME_LOSS_RTOL})")
+        ok &= passed
+        lines.append(line)
+    return Outcome(ok, figures, "", tuple(lines))
+
+
 def demo_resume(ctx: Context) -> Outcome:
     """SIGKILL and resume in the default precision: bit-identical with --deterministic, else within rounding."""
-    pairs = demo_pairs(ctx, True, False)
-    exact = difference(*pairs[True])
-    ref, run = pairs[False]
-    default = difference(ref, run)
-    default["val_loss_rel_diff"] = _relative(last_validation(run), last_validation(ref))
-    ok = exact["tensors_differing"] == 0 and exact["same_samples"] and exact["steps"] == [STEPS, STEPS]
-    ok &= default["same_samples"] and default["val_loss_rel_diff"] <= RESUME_LOSS_RTOL
-    lines = (f"--deterministic, {exact['amp'] or 'fp32'}: SIGKILL mid-step 7, resumed to step {exact['steps'][1]}: "
-             f"{exact['tensors_differing']} tensors differ from the uninterrupted run (weights and AdamW state), "
-             f"same samples {exact['same_samples']}",
-             f"default: {default['tensors_differing']} tensors differ (max weight {default['max_abs_weight']:.2e}), "
-             f"validation losses within {default['val_loss_rel_diff']:.2e} (limit {RESUME_LOSS_RTOL})")
-    return Outcome(ok, {"deterministic": exact, "default": default}, "", lines)
+    return _resumes(ctx, DEMO_KINDS)
 
 
 def demo_resume_cpu_side(ctx: Context) -> Outcome:
-    """The --deterministic pair on the CPU: bit-identical."""
-    exact = difference(*demo_pair(ctx, deterministic=True))
-    ok = exact["tensors_differing"] == 0 and exact["same_samples"] and exact["steps"] == [STEPS, STEPS]
-    line = f"--deterministic on the CPU: {exact['tensors_differing']} tensors differ after the SIGKILL and resume"
-    return Outcome(ok, {"deterministic": exact}, "", (line,))
+    """The --deterministic pairs on the CPU: bit-identical."""
+    return _resumes(ctx, tuple(kind for kind in DEMO_KINDS if kind[1]))
 
 
 def _branch_on_cpu(ctx: Context, source: Path) -> tuple[Finished, Path]:

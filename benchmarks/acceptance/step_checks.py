@@ -9,6 +9,10 @@ fused AdamW, against fused; --dropout 0.1, the trainer's default, against 0); th
 the host-device synchronisations of one step and the lines that cause them (torch.cuda.set_sync_debug_mode);
 and which kernels take the GPU's time in one step (the profiler), attention's among them.
 
+For IndexTTS2 (official_step) and IndexTTS-2.5 (official_step_25, its 3-position prefix, language embedding
+and 60,510-column text loss computed in blocks): the switches are the trainer's, so only 2.0 measures them;
+2.5 runs the step as the trainer runs it now.
+
 Every layer of the config fits an H100 and the budget: an optimizer step at the official config over 64 long
 samples takes about a second there at 40% MFU (computed, not measured). On the CPU side of a dry run the same
 code runs at width 64 in fp32 with the probe's passes above 2 samples failing (injected); CUDA's sync debug mode is
@@ -28,7 +32,8 @@ from typing import Callable
 import torch
 
 from benchmarks.acceptance.context import CheckTimeout, Context
-from benchmarks.acceptance.corpus import LONG_CODES, LONG_TEXT, build_model, positions
+from benchmarks.acceptance.corpus import IDX2, LABELS, LONG_CODES, LONG_TEXT, build_model, family_of, positions, \
+    random_inputs
 from benchmarks.acceptance.flops import MFU_RULE, flops_per_sample, mfu, peak_flops
 from benchmarks.acceptance.runner import Outcome
 from trainers.config.settings import TrainConfig
@@ -38,7 +43,6 @@ from trainers.hardware.detect import detect_hardware
 from trainers.hardware.oom_recovery import release_memory
 from trainers.hardware.precision import choose_amp
 from trainers.model.gpt_model import UnifiedVoiceGPT, dropout_keys
-from trainers.model.layout import CONDITION_LEN
 from trainers.training.evaluation import autocast_for
 from trainers.training.optimization import Optimization
 
@@ -75,10 +79,11 @@ ATTENTION = re.compile(r"flash|fmha|attention|sdpa|attn", re.IGNORECASE)  # not 
 class Inputs:
     """An effective batch of equal, long samples (every step the same work) on the device."""
 
-    tensors: tuple[torch.Tensor, ...]  # condition, emo_vec, text_ids, text_lens, codes, code_lens
+    tensors: dict[str, torch.Tensor]  # the model's inputs by name: its conditioning, text_ids, text_lens, codes, ...
     indices: torch.Tensor
     text_len: int
     code_len: int
+    prefix_len: int  # of the model's family
 
     @property
     def samples(self) -> int:
@@ -86,18 +91,13 @@ class Inputs:
 
     @property
     def packed_len(self) -> int:
-        return positions(self.text_len, self.code_len)
+        return positions(self.text_len, self.code_len, self.prefix_len)
 
 
 def make_inputs(cfg, samples: int, text_len: int, code_len: int, device: torch.device) -> Inputs:
-    g = torch.Generator().manual_seed(SEED)
-    tensors = (torch.randn(samples, CONDITION_LEN, cfg.model_dim, generator=g),
-               torch.randn(samples, cfg.model_dim, generator=g),
-               torch.randint(2, cfg.number_text_tokens, (samples, text_len), generator=g),
-               torch.full((samples,), text_len),
-               torch.randint(0, cfg.start_mel_token, (samples, code_len), generator=g),
-               torch.full((samples,), code_len))
-    return Inputs(tuple(t.to(device) for t in tensors), torch.arange(samples, device=device), text_len, code_len)
+    tensors = random_inputs(cfg, [text_len] * samples, [code_len] * samples, SEED)
+    return Inputs({k: t.to(device) for k, t in tensors.items()}, torch.arange(samples, device=device), text_len,
+                  code_len, family_of(cfg).model.prefix_len)
 
 
 def train_step(model: UnifiedVoiceGPT, optim: Optimization, inputs: Inputs, micro: int, amp: torch.dtype | None,
@@ -109,7 +109,7 @@ def train_step(model: UnifiedVoiceGPT, optim: Optimization, inputs: Inputs, micr
     for start in range(0, inputs.samples, micro):
         part = slice(start, start + micro)
         with autocast_for(device, amp):
-            sums = model.loss_sums(*(t[part] for t in inputs.tensors), packed_len=inputs.packed_len,
+            sums = model.loss_sums(**{k: t[part] for k, t in inputs.tensors.items()}, packed_len=inputs.packed_len,
                                    dropout_keys=dropout_keys(SEED, step, inputs.indices[part]))
             loss = (SETTINGS.text_loss_weight * sums["text_ce"] / text_total
                     + SETTINGS.mel_loss_weight * sums["mel_ce"] / mel_total)
@@ -140,10 +140,11 @@ def _variant(model: UnifiedVoiceGPT, variant: Variant) -> Optimization:
 
 
 def measure(ctx: Context, cfg, inputs: Inputs, amp: torch.dtype | None, oom: OomInjector, steps: int,
-            gpu_details: bool) -> Measured:
+            gpu_details: bool, variants: tuple[Variant, ...] = VARIANTS) -> Measured:
     """The probe, then each variant: one untimed step and up to `steps` timed ones, as many as the check's time
     left allows (the step as the trainer runs it now first, with its diagnostics; a variant without time for
     one step is left out)."""
+    assert variants[0] is VARIANTS[0]
     device = inputs.indices.device
     model = build_model(cfg, device)
     try:
@@ -152,7 +153,7 @@ def measure(ctx: Context, cfg, inputs: Inputs, amp: torch.dtype | None, oom: Oom
         micro = max(1, largest_fitting(fits, inputs.samples))
         probe_s = time.perf_counter() - started
         seconds, peak, syncs, kernels, fused = {}, None, None, None, True
-        for variant in VARIANTS:
+        for variant in variants:
             optim = _variant(model, variant)
             if variant is VARIANTS[0]:
                 fused = optim.fused
@@ -249,7 +250,8 @@ def _figures(cfg, inputs: Inputs, m: Measured, peak: tuple[float, str, str] | No
                              "tokens_per_s": round(rate * (inputs.text_len + inputs.code_len)),
                              "tflops_per_s": round(rate * sample_flops / 1e12, 1),
                              "mfu": round(mfu(rate, sample_flops, peak[0]), 4) if peak else None}
-    return {"adamw": "fused" if m.fused else "foreach (the CPU's)", "layers": cfg.layers, "width": cfg.model_dim,
+    return {"model": LABELS[family_of(cfg).name], "adamw": "fused" if m.fused else "foreach (the CPU's)",
+            "layers": cfg.layers, "width": cfg.model_dim, "text_vocabulary": cfg.number_text_tokens + 1,
             "positions": inputs.packed_len,
             "effective_batch": inputs.samples, "micro_batch": m.micro, "probe_s": round(m.probe_s, 2),
             "model_tflop_per_sample": round(sample_flops / 1e12, 3), "variants": per_variant,
@@ -262,8 +264,9 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
     v = figures["variants"]
     now = v["now"]
     mfu_text = lambda x: f"MFU {x['mfu']:.1%}" if x["mfu"] is not None else "MFU: no peak known here"  # noqa: E731
-    lines = [f"{amp_name}, {figures['layers']} layers at width {figures['width']}, samples of {figures['positions']} "
-             f"positions, effective batch {figures['effective_batch']}",
+    lines = [f"{figures['model']}: {amp_name}, {figures['layers']} layers at width {figures['width']}, text head "
+             f"{figures['text_vocabulary']:,} wide, samples of {figures['positions']} positions, effective batch "
+             f"{figures['effective_batch']}",
              f"probe: micro-batch {figures['micro_batch']} (the trainer's probe, {MEMORY_MARGIN:.0%} of free memory) "
              f"in {figures['probe_s']:.1f} s",
              f"step now: {now['step_s']:.3f} s, {now['samples_per_s']:.1f} samples/s, {now['positions_per_s']:,} "
@@ -291,25 +294,31 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
     return tuple(lines)
 
 
-def official_step(ctx: Context) -> Outcome:
+def _variants(family: str) -> tuple[Variant, ...]:
+    """The switches are the trainer's, not a family's: measured on IndexTTS2; another family's step as it runs now."""
+    return VARIANTS if family == IDX2 else VARIANTS[:1]
+
+
+def official_step(ctx: Context, family: str = IDX2) -> Outcome:
     device = torch.device("cuda", 0)
     amp = choose_amp(detect_hardware(device), "auto")
-    cfg = ctx.gpt(dropout=SETTINGS.dropout)
+    cfg = ctx.gpt(family, dropout=SETTINGS.dropout)
     inputs = make_inputs(cfg, EFFECTIVE_BATCH, LONG_TEXT, LONG_CODES, device)
-    m = measure(ctx, cfg, inputs, amp.dtype, OomInjector(), TIMED_STEPS, gpu_details=True)
+    m = measure(ctx, cfg, inputs, amp.dtype, OomInjector(), TIMED_STEPS, gpu_details=True, variants=_variants(family))
     figures = _figures(cfg, inputs, m, peak_flops(ctx.gpu_name or ""))
     total = round(torch.cuda.get_device_properties(device).total_memory / 2 ** 30, 1)
     ok = m.micro >= 1 and all(s > 0 for s in m.seconds.values())
     return Outcome(ok, figures, "", _lines(figures, amp.name, ctx.gpu_name, total))
 
 
-def official_step_cpu_side(ctx: Context) -> Outcome:
+def official_step_cpu_side(ctx: Context, family: str = IDX2) -> Outcome:
     """The same code at width 64 on the CPU, in fp32 (a bf16 step on a CPU without bf16 instructions is ~80x
     slower and proves nothing about a GPU), the probe answering the injected limit."""
-    cfg = ctx.gpt(**SMALL, dropout=SETTINGS.dropout)
+    cfg = ctx.gpt(family, **SMALL, dropout=SETTINGS.dropout)
     inputs = make_inputs(cfg, SMALL_BATCH, SMALL_TEXT, SMALL_CODES, torch.device("cpu"))
-    m = measure(ctx, cfg, inputs, None, OomInjector(above=INJECTED_LIMIT), 1, gpu_details=False)
+    variants = _variants(family)
+    m = measure(ctx, cfg, inputs, None, OomInjector(above=INJECTED_LIMIT), 1, gpu_details=False, variants=variants)
     figures = _figures(cfg, inputs, m, None)
-    ok = m.micro == INJECTED_LIMIT and set(m.seconds) == {v.name for v in VARIANTS}  # the budget is ample here
+    ok = m.micro == INJECTED_LIMIT and set(m.seconds) == {v.name for v in variants}  # the budget is ample here
     ok = ok and bool(m.kernels) and "gemm_share" in m.kernels
     return Outcome(ok, figures, "", _lines(figures, "fp32", None, None))
