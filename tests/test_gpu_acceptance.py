@@ -117,7 +117,7 @@ def test_config_names_a_models_config_by_its_family_and_refuses_two_of_one(tmp_p
         assert exit_info.value.code == 2 and named in capsys.readouterr().err
 
 
-def test_the_model_flops_of_both_models_are_those_their_step_computes():
+def test_the_model_flops_of_both_models_are_those_their_step_computes(tmp_path):
     """MFU divides the model FLOPs of flops.py by the time: counted here by torch's FLOP counter over a real
     forward and backward of each model (the attention on the math backend, whose products it sees), the 2.5 text
     loss's recomputed logits taken out. At width 256 and the official vocabularies the heads dominate, so a head
@@ -128,7 +128,7 @@ def test_the_model_flops_of_both_models_are_those_their_step_computes():
     from benchmarks.acceptance.corpus import IDX2, IDX25, build_model, family_of, positions, random_inputs
     from benchmarks.acceptance.flops import flops_per_sample
 
-    ctx = Context(REPO, 0, None, True)
+    ctx = Context(tmp_path, 0, None, True)
     text_len, code_len, samples = 12, 40, 2
     for family in (IDX2, IDX25):
         cfg = ctx.gpt(family, model_dim=256, heads=4, layers=1)
