@@ -70,8 +70,8 @@ def _25(check: Callable[..., Outcome]) -> Callable[[Context], Outcome]:
 
 # In the order of what they prove per second on one H100; budgets in seconds, everything each starts included.
 CHECKS = (
-    Check("machine", 0, 10, environment.machine, what="GPU, driver, torch, CUDA, free memory, /dev/shm (env.json)"),
-    Check("dropout_masks", 1, 6, model_checks.dropout_masks, model_checks.dropout_masks_cpu_side,
+    Check("machine", 0, 4, environment.machine, what="GPU, driver, torch, CUDA, free memory, /dev/shm (env.json)"),
+    Check("dropout_masks", 1, 4, model_checks.dropout_masks, model_checks.dropout_masks_cpu_side,
           "v1 and v2 masks identical on CUDA and the CPU"),
     Check("model_losses", 1, 22, model_checks.model_losses, model_checks.model_losses_cpu_side,
           "2.0 and 2.5 at the official width: CPU vs CUDA fp32 (TF32 off), bf16 and fp16 vs fp32"),
@@ -83,9 +83,9 @@ CHECKS = (
           "2.0 and 2.5 demos SIGKILLed mid-step and resumed on CUDA: bit-identical with --deterministic"),
     Check("oom_and_precision", 1, 45, official_checks.oom_and_precision, official_checks.oom_and_precision_cpu_side,
           "2.0: a real CUDA out-of-memory error halved, ending as the halved size does; bf16 vs fp32 validation"),
-    Check("oom_and_precision_25", 1, 45, _25(official_checks.oom_and_precision),
+    Check("oom_and_precision_25", 1, 50, _25(official_checks.oom_and_precision),
           _25(official_checks.oom_and_precision_cpu_side), "the same for 2.5"),
-    Check("background_save", 1, 26, save_checks.background_save, save_checks.background_save_cpu_side,
+    Check("background_save", 1, 29, save_checks.background_save, save_checks.background_save_cpu_side,
           "official-size save: loop blocked, background vs synchronous; pinned bytes; updates stay out"),
     Check("cuda_checkpoint_on_cpu", 1, 14, run_checks.cuda_to_cpu, run_checks.cuda_to_cpu_cpu_side,
           "a CUDA-trained checkpoint resumed on the CPU"),
