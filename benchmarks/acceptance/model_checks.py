@@ -141,7 +141,7 @@ def dropout_masks_cpu_side(ctx: Context) -> Outcome:
 def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None,
           lens: tuple[tuple[int, int], ...] = LENGTHS, grads: dict | None = None) -> dict[str, float]:
     """Mean text and mel cross-entropy and the global gradient norm of one training pass (dropout on), in the
-    model's own dtype (`dtype`: autocast's); `grads` (if given) receives each parameter's gradient in float64."""
+    model's own dtype (`dtype`: autocast's); `grads` (if given) receives each parameter's gradient."""
     weights = next(model.parameters()).dtype
     batch = random_inputs(model.cfg, [t for t, _ in lens], [c for _, c in lens], seed=3)
     batch = {k: (t.to(weights) if t.is_floating_point() else t).to(device) for k, t in batch.items()}
@@ -154,8 +154,7 @@ def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None,
     norm = torch.linalg.vector_norm(torch.stack([p.grad.double().norm() for p in model.parameters()
                                                  if p.grad is not None]))
     if grads is not None:
-        grads.update({n: p.grad.detach().to("cpu", torch.float64) for n, p in model.named_parameters()
-                      if p.grad is not None})
+        grads.update({n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None})  # no copy
     sums = {k: v.detach() for k, v in sums.items()}
     return {"text": float(sums["text_ce"] / sums["text_tokens"]), "mel": float(sums["mel_ce"] / sums["mel_tokens"]),
             "grad_norm": float(norm)}
@@ -164,7 +163,8 @@ def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None,
 def _worst_grads(grads: dict, exact: dict, norm: float, n: int = 3) -> dict[str, float]:
     """The parameters whose gradients are furthest from the reference's, as a share of the global norm: which
     kernel computes something else, when one does."""
-    far = sorted(((float((grads[k] - exact[k]).norm()) / norm, k) for k in exact), reverse=True)[:n]
+    far = sorted(((float((g - exact[k].to(g.device)).double().norm()) / norm, k) for k, g in grads.items()),
+                 reverse=True)[:n]
     return {k: float(f"{d:.2e}") for d, k in far}
 
 
