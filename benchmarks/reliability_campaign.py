@@ -28,12 +28,15 @@ Parts:
                every model and optimizer tensor torch.equal, the same position, the same
                sample_ids.tsv (with --sample-interval: every validation's sample set, equal to
                the reference's, and no temporary file left under samples/), and latest.pth naming
-               the newest model_step file. Then two fixed trials (not with --smoke): a run killed
+               the newest model_step file. Then three fixed trials (not with --smoke): a run killed
                between the final model_step file's rename and latest.pth's link (the resume has
-               nothing to train and must still repair latest.pth), and a finished run resumed with
+               nothing to train and must still repair latest.pth), a finished run resumed with
                a new end and --rewarm, killed before the continuation's first save (at start-up's
                end, mid-step or after a step), which `--resume auto` alone must continue to the end
-               of the uninterrupted continuation (a third reference run).
+               of the uninterrupted continuation (a third reference run), and the finished run
+               branched into a new directory the same way (--resume its latest.pth --output-dir
+               NEW), killed before the branch's first save: `--resume auto --output-dir NEW` alone
+               must end as the uninterrupted branch (a fourth reference run).
   signals      --signals trials: SIGTERM, SIGINT or SIGHUP (sometimes twice) at a random instant.
                Expected: exit 128+N (the kernel's default, reported as -N, is accepted too before
                start-up finished, when nothing was trained; never once the trainer is exiting, which
@@ -70,7 +73,7 @@ Parts:
                with a note without root). The run must warn naming the set, train on and save its
                final checkpoint, status 0: "warned, trained on".
 
---quick trains a 12-step run instead of 40, with 3 kill and 3 signal trials unless given (and the two
+--quick trains a 12-step run instead of 40, with 3 kill and 3 signal trials unless given (and the three
 fixed ones), 4 corruption and 8 input cases (and the tools' and sample sets' cases; see
 docs/reliability.md for its time). --smoke (for tests/test_benchmarks.py) trains 6 steps, with one
 kill trial (one SIGKILL), one signal trial, 2 corruption cases and the damaged adapter file, and 3
@@ -506,8 +509,8 @@ class Campaign:
             records.append(self.kill_trial(i))
             r = records[-1]
             print(f"  kill trial {i + 1}/{count}: {r['verdict']:<14} {r['attacks']}", flush=True)
-        if not self.smoke:  # the kills that once left the run behind: at the final save, and after a plan change
-            for trial in (self.final_save_trial, self.plan_change_trial):
+        if not self.smoke:  # the kills that once left the run behind: at the final save, after a plan change or branch
+            for trial in (self.final_save_trial, self.plan_change_trial, self.branch_trial):
                 records.append(trial(len(records)))
                 r = records[-1]
                 print(f"  kill trial {r['name']}: {r['verdict']:<14} {r['attacks']}", flush=True)
@@ -532,6 +535,20 @@ class Campaign:
                                                   "continuing the plan")
         return self.fixed_record(i, "plan change, killed before its first save", out, runs, problems,
                                  self.extended_reference())
+
+    def branch_trial(self, i: int) -> dict[str, Any]:
+        """The finished run branched into a new directory (--resume ITS/latest.pth --output-dir NEW) with a new end,
+        killed before the branch's first save: `--resume auto` alone must continue the branch from that checkpoint,
+        as the uninterrupted branch did (never start over from the base model)."""
+        out = self.work / "kills" / f"trial{i:02d}" / "run"
+        origin = self.references["off"].run / "latest.pth"
+        steps = self.plan.steps
+        point = self.rng("branch", i).choice(["setup", f"micro:{steps + 1}:0", f"step:{steps + 1}"])
+        runs, problems = self.killed_then_resumed(out, ["--resume", str(origin), *self.longer_plan()], point,
+                                                  f" (a branch of {origin} with {' '.join(self.longer_plan())})",
+                                                  "continuing its branch")
+        return self.fixed_record(i, "branch, killed before its first save", out, runs, problems,
+                                 self.branch_reference())
 
     def killed_then_resumed(self, out: Path, args: list[str], point: str, about: str,
                             said: str) -> tuple[list[Outcome], list[str]]:
@@ -559,6 +576,17 @@ class Campaign:
                 raise CampaignError(f"the extended reference run failed with status {result.status}:\n{result.tail()}")
             self.references["extended"] = Reference(out)
         return self.references["extended"]
+
+    def branch_reference(self) -> Reference:
+        """The reference run branched, uninterrupted, into a new directory with `longer_plan` (built once)."""
+        if "branch" not in self.references:
+            out = self.work / "reference" / "branch"
+            result = run_in_process(["--output-dir", str(out), "--resume", str(self.references["off"].run / "latest.pth"),
+                                     *self.longer_plan(), "--no-background-saves"])
+            if result.status != 0:
+                raise CampaignError(f"the branch reference run failed with status {result.status}:\n{result.tail()}")
+            self.references["branch"] = Reference(out)
+        return self.references["branch"]
 
     def fixed_record(self, i: int, name: str, out: Path, invocations: list[Outcome], problems: list[str],
                      reference: Reference | None = None) -> dict[str, Any]:

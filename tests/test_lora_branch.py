@@ -1,6 +1,7 @@
 """LoRA from a full run's checkpoint (a branch into a new directory), and out-of-memory halving with LoRA."""
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 from pathlib import Path
@@ -86,21 +87,25 @@ def test_the_branch_trains_and_its_base_stays_the_full_checkpoints_model(full_ru
     assert any(bool(v.abs().sum() > 0) for k, v in own.items() if k.endswith(".lora_b"))  # the adapters did train
 
 
-@pytest.mark.parametrize("kill_at, resumes", [("micro:3:1", "(step 2,"), ("micro:1:0", "")],
-                         ids=["mid_accumulation", "before_the_first_checkpoint"])
-def test_a_killed_branch_resumes_bit_identically(full_run, branch_reference, tmp_path, kill_at, resumes):
+@pytest.mark.parametrize("kill_at, again, resumes", [
+    ("micro:3:1", False, "(step 2,"), ("micro:1:0", False, "(LoRA branch from run"), ("micro:1:0", True, "")],
+    ids=["mid_accumulation", "before_the_first_checkpoint", "branch_command_again"])
+def test_a_killed_branch_resumes_bit_identically(full_run, branch_reference, tmp_path, kill_at, again, resumes):
     """Killed before its first checkpoint, the branch's directory holds its settings and lora_base.pth:
-    --resume auto starts it again from them (the branch command itself is refused there: another run's directory)."""
+    --resume auto starts it again from them, and so does the branch command typed again; either keeps the
+    branch's run id."""
     out = tmp_path / "run"
     killed = train(out, "--resume", str(full_run / "latest.pth"), *BRANCH, kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    resumed = train_here(out, "--resume", "auto")
+    run_id = json.loads((out / "run_config.json").read_text())["run_id"]
+    resumed = train_here(out, *(["--resume", str(full_run / "latest.pth"), *BRANCH] if again else ["--resume", "auto"]))
     assert resumed.returncode == 0, resumed.stderr
     assert resumes in resumed.stderr
     a, b = final_state(branch_reference), final_state(out)
-    assert a.step == b.step == 6
+    assert a.step == b.step == 6 and b.run_id == run_id
     assert_equal_nested(a.model, b.model, "model")
     assert_equal_nested(a.optimizer, b.optimizer, "optimizer")
+    assert [e for e in b.history if e["kind"] in ("start", "resume")][0]["changes"][0].startswith("LoRA branch from")
 
 
 def test_the_refusals_that_remain_are_clear_and_change_nothing(full_run, branch_reference, tmp_path):

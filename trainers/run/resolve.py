@@ -35,6 +35,7 @@ from trainers.run.inputs import (
 )
 from trainers.run.lora_branch import is_lora_branch, start_lora_branch
 from trainers.run.portable import locate_inputs
+from trainers.run import run_plan
 from trainers.run.run_dir import SavedRun, newest_checkpoint, run_identity
 
 log = logging.getLogger("train")
@@ -69,6 +70,7 @@ class Resolution:
     inputs: RunInputs
     resume: SavedRun | None  # the run whose training state continues (None: step 0)
     branch_of: str | None = None  # a checkpoint of another directory continued here: which run, from where
+    branch: dict[str, Any] | None = None  # run_config.json's record of that checkpoint (trainers/run/run_plan.py)
 
 
 def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str,
@@ -82,7 +84,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     ensure_demo_inputs(settings, model_yaml, family)
     refuse_other_tokenizer(family, settings.tokenizer, settings.config)
     text_tokens = family.tokenizer.size(settings.tokenizer)
-    lora_branch = None
+    lora_branch, origin = None, saved  # the checkpoint a LoRA branch starts from, which it no longer continues
     if is_lora_branch(settings, saved, run_dir):
         assert saved is not None
         settings, lora_branch = start_lora_branch(cmd, settings, saved, run_dir, text_tokens,
@@ -116,10 +118,24 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train, per_step))
     check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab)
     check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
-    branch_of = lora_branch or _branch_of(saved, run_dir)
-    run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
+    branch = _branch_record(origin, lora_branch or _branch_of(saved, run_dir))
+    branch_of = branch["history"] if branch else None
+    if origin and origin.branch_id:  # this directory's branch, stopped before its first save, goes on
+        run_id = origin.branch_id
+    else:
+        run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
-                      inputs, saved, branch_of)
+                      inputs, saved, branch_of, branch)
+
+
+def _branch_record(origin: SavedRun | None, history: str | None) -> dict[str, Any] | None:
+    """What run_config.json records of the checkpoint a branch continues: a branch started now (`history` says
+    from where) or a LoRA branch continued at step 0 by --resume auto (its record read back)."""
+    if origin is None:
+        return None
+    if history and origin.path and origin.plan_key:
+        return run_plan.branch_record(origin.path, origin.plan_key, history)
+    return origin.branch if origin.checkpoint is None else None
 
 
 def check_new_rows(settings: TrainConfig, family: ModelFamily, text_tokens: int, vocab: Vocabulary) -> None:
@@ -160,13 +176,18 @@ def _demo_tokenizer(settings: TrainConfig, family: ModelFamily, cmd: CommandLine
 
 
 def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
-    """A checkpoint from another directory continued in an empty one starts a branch: a run of its own."""
+    """A checkpoint from another directory continued in an empty one starts a branch: a run of its own (or goes on
+    with the branch of it that the directory holds, stopped before its first save)."""
     if not (saved and saved.checkpoint and saved.path) or saved.path.resolve().parent == run_dir.resolve():
         return None
-    if run_identity(run_dir) is not None:
+    if not saved.branch_id and run_identity(run_dir) is not None:
         return None  # the same run (checked before): it simply continues here
     origin = f"run {saved.run_id or '(no identity)'} at step {saved.checkpoint.step} ({saved.path})"
-    log.info("starting a branch of %s in %s; that run is left as it is", origin, run_dir)
+    if saved.branch_id:
+        log.info("continuing the branch %s of %s in %s (stopped before its first save); that run is left as it is",
+                 saved.branch_id, origin, run_dir)
+    else:
+        log.info("starting a branch of %s in %s; that run is left as it is", origin, run_dir)
     return f"branched from {origin}"
 
 

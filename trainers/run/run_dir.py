@@ -3,8 +3,8 @@
     model_step{N}.pth, latest.pth   checkpoints (trainers/checkpoint)
     run_config.json                 the resolved settings, written before the first step, so a run
                                     killed before its first checkpoint restarts with them, and a resume
-                                    killed before its first save continues the plan it accepted
-                                    (trainers/run/run_plan.py)
+                                    (or a branch of another directory's checkpoint) killed before its
+                                    first save continues the plan it accepted (trainers/run/run_plan.py)
     config.yaml                     your --config with this run's vocabulary: the config to export with
                                     when --config was the full IndexTTS2 one
     micro_batch_probe.json          the measured micro-batch per machine (trainers/hardware)
@@ -53,6 +53,10 @@ class SavedRun:
     path: Path | None = None
     damaged: tuple[tuple[Path, str], ...] = ()  # newer checkpoints that failed: set aside once the run is locked
     plan_key: dict[str, Any] | None = None  # names the checkpoint, for the plan this start records (run_plan.py)
+    # A branch of this checkpoint that `run_dir` holds, stopped before its first save, which this start continues:
+    # its run id (kept) and run_config.json's record of it (run_plan.branch_record).
+    branch_id: str = ""
+    branch: dict[str, Any] | None = None
 
 
 def run_dir_of(cmd: CommandLine) -> Path:
@@ -193,14 +197,29 @@ def read_saved_run(run_dir: Path, checkpoint: Path | None, resume: str | None) -
             path = run_dir / RUN_CONFIG_NAME
             ckpt, planned_on = run_plan.continued(ckpt, key, run_plan.read_record(path), path)
             machine = planned_on or machine
-        return SavedRun(saved_settings(ckpt.settings), machine, ckpt.run_id, ckpt, checkpoint, damaged, key)
+        branch_id, branch = _unsaved_branch_of(run_dir, checkpoint, key)
+        return SavedRun(saved_settings(ckpt.settings), machine, ckpt.run_id, ckpt, checkpoint, damaged, key,
+                        branch_id, branch)
     if resume == "auto":
         return _unsaved_run(run_dir)
     return None
 
 
+def _unsaved_branch_of(run_dir: Path, checkpoint: Path, key: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """The branch command typed again: the run id and record of the branch of `checkpoint` (another directory's)
+    that `run_dir` holds, stopped before its first save; ("", None) where it holds no such branch."""
+    if checkpoint.resolve().parent == run_dir.resolve() or newest_checkpoint(run_dir) is not None:
+        return "", None
+    record = run_plan.read_record(run_dir / RUN_CONFIG_NAME)
+    branch = run_plan.recorded_branch(record)
+    if record is None or branch is None or branch["continues"] != key or not record.get("run_id"):
+        return "", None
+    return str(record["run_id"]), branch
+
+
 def _unsaved_run(run_dir: Path) -> SavedRun | None:
-    """A run killed before its first checkpoint restarts from step 0 with its saved settings."""
+    """A run killed before its first checkpoint restarts from step 0 with its saved settings; a branch of another
+    directory's checkpoint continues that checkpoint with the plan it accepted."""
     path = run_dir / RUN_CONFIG_NAME
     if not path.is_file():
         return None
@@ -209,16 +228,64 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
         settings = data["config"]
     except (OSError, ValueError, KeyError, AttributeError) as exc:
         raise UserError(f"{path} is unreadable ({exc}); pass the training flags again, or delete it") from None
-    log.info("--resume auto: %s has no checkpoint yet; starting from step 0 with the settings in %s",
-             run_dir, RUN_CONFIG_NAME)
-    return SavedRun(saved_settings(settings), data.get("machine"), str(data.get("run_id") or ""))
+    run_id, branch = str(data.get("run_id") or ""), run_plan.recorded_branch(data)
+    if branch is not None and (data.get(run_plan.PLAN_KEY) or {}).get("continues") == branch["continues"]:
+        return _unsaved_branch(run_dir, data, branch)
+    log.info("--resume auto: %s has no checkpoint yet; starting from step 0 with the settings in %s%s", run_dir,
+             RUN_CONFIG_NAME, f" ({branch.get('history')})" if branch else "")  # a LoRA branch starts at step 0
+    return SavedRun(saved_settings(settings), data.get("machine"), run_id, branch_id=run_id if branch else "",
+                    branch=branch)
+
+
+def _unsaved_branch(run_dir: Path, data: dict[str, Any], branch: dict[str, Any]) -> SavedRun:
+    """A branch killed before its first save: the checkpoint it branched from, read again (the very one: its key
+    must match), with the plan the branch accepted. Gone or changed, it is refused: never a silent step 0."""
+    key, origin = branch["continues"], Path(branch["file"])
+    found, problem = _find_branched(origin, key)
+    if found is None:
+        what = f"run {key.get('run_id') or '(no identity)'} at step {key.get('step')}"
+        raise UserError(f"--resume auto: {run_dir} holds a branch of {what} that was stopped before its first save; "
+                        f"it continues {origin}, which {problem}. Put that checkpoint back and run --resume auto "
+                        f"again; or start another branch: in a new --output-dir, or here once {run_dir / RUN_CONFIG_NAME}"
+                        " is deleted (the directory holds no checkpoint yet; nothing was changed)")
+    path, ckpt = found
+    log.info("--resume auto: %s has no checkpoint yet; continuing its branch (%s) from %s", run_dir,
+             branch.get("history"), path)
+    ckpt, planned_on = run_plan.continued(ckpt, key, data, run_dir / RUN_CONFIG_NAME, branch=True)
+    run_id = str(data.get("run_id") or "")
+    return SavedRun(saved_settings(ckpt.settings), planned_on or ckpt.machine, ckpt.run_id, ckpt, path, (), key,
+                    run_id, {**branch, "file": str(path)})
+
+
+def _find_branched(origin: Path, key: dict[str, Any]) -> tuple[tuple[Path, schema.Checkpoint] | None, str]:
+    """The checkpoint `key` names: `origin`, or (where that latest.pth or best.pth has moved on) the step file of
+    the same step beside it, verified. None and what is wrong with `origin` where neither holds it."""
+    problem = "is gone"
+    step = key.get("step")
+    candidates = [origin]
+    if isinstance(step, int) and origin.name != CheckpointManager(origin.parent, keep=0).step_path(step).name:
+        candidates.append(CheckpointManager(origin.parent, keep=0).step_path(step))
+    for i, path in enumerate(candidates):
+        if not path.is_file():
+            continue
+        try:
+            ckpt = schema.read(path)
+        except CheckpointError as exc:
+            problem = problem if i else f"cannot be read ({exc})"
+            continue
+        if run_plan.checkpoint_key(ckpt) == key:
+            return (path, ckpt), ""
+        if i == 0:
+            problem = f"now holds another checkpoint (step {ckpt.step} of run {ckpt.run_id or '(no identity)'})"
+    return None, problem
 
 
 def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
     """The checkpoint to continue must belong to the run in `run_dir`, if `run_dir` holds one.
 
     From another directory (`--resume PATH --output-dir DIR`): mixing two runs' checkpoints in one
-    directory would let a later --resume auto pick the other run's newer file. Inside `run_dir`
+    directory would let a later --resume auto pick the other run's newer file; a branch of PATH that DIR
+    holds, stopped before its first save, is no other run (`saved.branch_id`). Inside `run_dir`
     (auto, best, or an older model_step file): a file copied in from another run would carry on
     that run's weights under this run's name, so its identity must be the directory's.
     """
@@ -227,8 +294,8 @@ def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
         _refuse_copied_in(run_dir, saved)
         return
     existing = run_identity(run_dir)
-    if existing is None or (existing and existing == saved.run_id):
-        return
+    if existing is None or (existing and existing in (saved.run_id, saved.branch_id)):
+        return  # no run yet, the same run, or its branch of this checkpoint stopped before its first save
     theirs = f"run {existing}" if existing else "a run from before runs had an identity"
     ours = f"run {saved.run_id}" if saved.run_id else "no recorded identity"
     raise UserError(f"{run_dir} already holds another run ({theirs}) than {saved.path} ({ours}); resuming it there "
@@ -294,10 +361,12 @@ def run_identity(run_dir: Path) -> str | None:
 
 
 def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str,
-                     plan: dict[str, Any] | None = None) -> None:
+                     plan: dict[str, Any] | None = None, branch: dict[str, Any] | None = None) -> None:
     """The resolved settings as JSON, for a resume before the first checkpoint and for people, with the plan of a
-    continued checkpoint (trainers/run/run_plan.py) and a sha256 of it all; durable before the first step."""
-    data = {**run_section, "machine": machine, **({run_plan.PLAN_KEY: plan} if plan else {})}
+    continued checkpoint and a branch's record of it (trainers/run/run_plan.py), and a sha256 of it all; durable
+    before the first step."""
+    data = {**run_section, "machine": machine, **({run_plan.PLAN_KEY: plan} if plan else {}),
+            **({run_plan.BRANCH_KEY: branch} if branch else {})}
     write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(run_plan.sealed(data), indent=2, sort_keys=True) + "\n")
     fsync_dir(run_dir)
 
@@ -349,12 +418,13 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],
                       text_tokens: int, extended: bool, tokenizer: str, demo: bool = False,
-                      plan: dict[str, Any] | None = None, family: Any = None) -> None:
-    """run_config.json (with the `plan` of a continued checkpoint) and the inference config.yaml; a full disk or
-    read-only directory stops here, cleanly."""
+                      plan: dict[str, Any] | None = None, family: Any = None,
+                      branch: dict[str, Any] | None = None) -> None:
+    """run_config.json (with the `plan` of a continued checkpoint and a `branch`'s record of it) and the inference
+    config.yaml; a full disk or read-only directory stops here, cleanly."""
     try:
         prepare_run_dir(run_dir)
-        write_run_config(run_dir, run_section, machine, plan)
+        write_run_config(run_dir, run_section, machine, plan, branch)
         write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo, family)
     except OSError as exc:
         raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "

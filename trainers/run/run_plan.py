@@ -13,6 +13,13 @@ saved none) continues with the recorded plan, as if the continuation had saved a
 checkpoint (one the continuation saved, which carries the plan itself, or an older one after damage) keeps
 its own. Files written before the record existed carry none and change nothing; one that fails its sha256
 is refused (exit 2), since which plan it holds cannot be known.
+
+A branch (`--resume PATH --output-dir NEW`, and the LoRA branch with --lora-rank) continues a checkpoint of
+another directory, so its run_config.json also names that file (the "branch" record: its path, its key and
+the line the branch's history records). Killed before its first save, the branch's directory holds no
+checkpoint: `--resume auto` reads the named file again (refused, exit 2, where it is gone or now holds
+another checkpoint) and continues the branch with the recorded plan and the branch's own run id; the branch
+command typed again is the same branch, not another run's directory (trainers/run/run_dir.py).
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ log = logging.getLogger("train")
 
 CHECKSUM_KEY = "sha256"  # over the rest of run_config.json
 PLAN_KEY = "plan"  # {"continues": checkpoint_key(...), "lr_schedule": {...}}
+BRANCH_KEY = "branch"  # {"file": the checkpoint of another directory, "continues": its key, "history": a line}
 # Settings that say where files are, not what the plan is (a moved or copied run has other paths): not listed.
 WHERE_FILES_ARE = ("output_dir", "train_manifests", "val_manifests", "tokenizer", "config", "base_checkpoint")
 
@@ -43,6 +51,19 @@ def checkpoint_key(ckpt: schema.Checkpoint) -> dict[str, Any]:
 
 def plan_record(continues: dict[str, Any], schedule: LRSchedule) -> dict[str, Any]:
     return {"continues": continues, "lr_schedule": schedule.state_dict()}
+
+
+def branch_record(file: Path, continues: dict[str, Any], history: str) -> dict[str, Any]:
+    """What names the checkpoint a branch started from: its absolute path and key, and the branch's history line."""
+    return {"file": str(file.resolve()), "continues": continues, "history": history}
+
+
+def recorded_branch(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The branch record of run_config.json's content (None: the run is no branch, or it was written before)."""
+    branch = (record or {}).get(BRANCH_KEY)
+    if isinstance(branch, dict) and isinstance(branch.get("continues"), dict) and isinstance(branch.get("file"), str):
+        return branch
+    return None
 
 
 def sealed(data: dict[str, Any]) -> dict[str, Any]:
@@ -61,15 +82,20 @@ def unsealed(data: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def continued(ckpt: schema.Checkpoint, key: dict[str, Any], record: dict[str, Any] | None,
-              source: Path) -> tuple[schema.Checkpoint, str | None]:
+              source: Path, branch: bool = False) -> tuple[schema.Checkpoint, str | None]:
     """`ckpt` with the plan `record` (run_config.json's content) holds for it, and the machine that plan was resolved
-    on; `ckpt` itself and None where the record continues another checkpoint, or none."""
+    on; `ckpt` itself and None where the record continues another checkpoint, or none. `branch`: the record is of
+    a branch of `ckpt` (a run of its own, whose run id is not the checkpoint's; the checkpoint keeps its own)."""
     plan = (record or {}).get(PLAN_KEY)
     if not isinstance(plan, dict) or plan.get("continues") != key:
         return ckpt, None
-    run = {k: record[k] for k in ckpt.sections["run"] if k in record}
-    if run.keys() != ckpt.sections["run"].keys() or run["run_id"] != ckpt.run_id:
-        return ckpt, None
+    if branch:  # the record is the branch's plan for this very checkpoint (its key matched): always taken
+        run = {k: record.get(k, v) for k, v in ckpt.sections["run"].items()}
+    else:
+        run = {k: record[k] for k in ckpt.sections["run"] if k in record}
+        if run.keys() != ckpt.sections["run"].keys() or run["run_id"] != ckpt.run_id:
+            return ckpt, None
+    run["run_id"] = ckpt.run_id
     optim = {**ckpt.sections["optim"], "lr_schedule": plan["lr_schedule"]}
     changed = replace(ckpt, sections={**ckpt.sections, "run": run, "optim": optim})
     said = _differences(ckpt, changed)

@@ -208,7 +208,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
         plan = plan_record(resume.plan_key, schedule) if resume and resume.plan_key else None
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan, cfg.family)
+                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan, cfg.family,
+                          resolution.branch)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
                if ds else None for ds in (data.dataset, val_set)]
