@@ -88,7 +88,7 @@ CHECKS = (
     Check("background_save", 1, 29, save_checks.background_save, save_checks.background_save_cpu_side,
           "official-size save: loop blocked, background vs synchronous; pinned bytes; updates stay out"),
     Check("cuda_checkpoint_on_cpu", 1, 14, run_checks.cuda_to_cpu, run_checks.cuda_to_cpu_cpu_side,
-          "a CUDA-trained checkpoint resumed on the CPU"),
+          "a CUDA-trained checkpoint resumed on the CPU", reuses=("demo_resume",)),
     Check("cuda_tests", 1, 14, model_checks.cuda_tests, model_checks.cuda_tests_cpu_side,
           "the tests that skip without CUDA, run with pytest"),
     Check("official_trainer", 1, 40, official_checks.official_trainer, official_checks.official_trainer_cpu_side,
@@ -210,6 +210,11 @@ def selected(check: Check, only: list[str] | None, dry_run: bool) -> bool:
     return dry_run or not check.on_request
 
 
+def alone_s(check: Check, chosen: set[str]) -> float:
+    """The budgets of the checks whose runs `check` reuses but which are not in this run: it makes those itself."""
+    return sum(c.budget_s for c in CHECKS if c.name in check.reuses and c.name not in chosen)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
@@ -245,12 +250,14 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
               "parts only", flush=True)
     else:
         print(f"gpu_acceptance: {gpus} x {ctx.gpu_name}; checks needing 2 GPUs are skipped with fewer", flush=True)
-    started, status = time.monotonic(), None
+    started, status, spare = time.monotonic(), None, 0.0
+    chosen = {c.name for c in CHECKS if selected(c, args.only, dry_run)}
     try:
         for check in CHECKS:
-            if not selected(check, args.only, dry_run):
+            if check.name not in chosen:
                 continue
-            record = run_check(check, ctx)
+            record = run_check(check, ctx, spare + alone_s(check, chosen))
+            spare = max(0.0, record.budget_s - record.seconds) if record.needs_gpus <= gpus else spare
             release_memory(torch.device("cuda" if gpus else "cpu"))  # the next check's trainers probe free memory
             report.records.append(record)
             print(record.line(), flush=True)
@@ -272,7 +279,7 @@ def run(args: argparse.Namespace, out: Path, command: list[str]) -> int:
     print(f"gpu_acceptance: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped in "
           f"{time.monotonic() - started:.0f} s; results in {out}{kept}")
     if failed:
-        budget = sum(c.budget_s for c in CHECKS if c.name in failed or c.name == ALWAYS)
+        budget = sum(c.budget_s + alone_s(c, set(failed)) for c in CHECKS if c.name in failed or c.name == ALWAYS)
         config = [f"--config {path}" for path in args.configs.values()]
         print(f"gpu_acceptance: rerun the failed checks ({budget:.0f} s of budgets) with: python "
               f"benchmarks/gpu_acceptance.py {' '.join(['--only ' + name for name in failed] + config)}")
