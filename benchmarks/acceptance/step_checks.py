@@ -72,7 +72,12 @@ SMALL = {"model_dim": 64, "heads": 4, "layers": 2}
 SMALL_TEXT, SMALL_CODES, SMALL_BATCH, INJECTED_LIMIT = 20, 60, 4, 2
 # Matrix products: CUDA's kernel names, or on the CPU side torch's op names.
 GEMM = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|wgmma|aten::(?:add)?mm\b|aten::bmm\b", re.IGNORECASE)
-ATTENTION = re.compile(r"flash|fmha|attention|sdpa|attn", re.IGNORECASE)  # not softmax: the loss has one
+ATTENTION = re.compile(r"flash|fmha|attention|sdpa|attn|cudnn::fusion", re.IGNORECASE)  # not softmax: the loss has one
+# The v2 dropout masks' hash: integer elementwise kernels (xor, shifts, multiplies, the int16 threshold compare).
+MASKS = re.compile(r"<int, int, int|BitwiseXor|BitwiseAnd|rshift|lshift|MulFunctor<int>|compare_scalar_kernel<short>")
+# CUDA runtime calls and the profiler's own markers: host time, not kernels (the first H100 run divided the
+# kernels' time by a total holding "Command Buffer Full" and cudaStreamSynchronize, 39% of it).
+RUNTIME = re.compile(r"^(cuda[A-Z]|cu[A-Z]|Command Buffer Full)")
 
 
 @dataclasses.dataclass
@@ -229,15 +234,30 @@ def kernel_times(ctx: Context, step: Callable[[], None], device: torch.device) -
     with profile(activities=[activity]) as prof:
         step()
         _sync(device)
-    events = [e for e in prof.key_averages() if _self_us(e) > 0]
-    total = sum(_self_us(e) for e in events) or 1.0
-    events.sort(key=_self_us, reverse=True)
-    table = [f"{_self_us(e) / total:7.2%}  {_self_us(e) / 1e3:10.2f} ms  {e.key}" for e in events]
+    named = [(e.key, _self_us(e)) for e in prof.key_averages() if _self_us(e) > 0]
+    shares, table = kernel_shares(named)
     (ctx.log_dir / "profile.txt").write_text("\n".join(table) + "\n", encoding="utf-8")
-    share = lambda pattern: round(sum(_self_us(e) for e in events if pattern.search(e.key)) / total, 3)  # noqa: E731
-    return {"gemm_share": share(GEMM), "attention_share": share(ATTENTION),
-            "attention_kernels": [e.key[:90] for e in events if ATTENTION.search(e.key)][:4],
-            "top": [[e.key[:90], round(_self_us(e) / total, 3)] for e in events[:6]]}
+    return shares
+
+
+def kernel_shares(named: list[tuple[str, float]]) -> tuple[dict, list[str]]:
+    """(shares, table) of the profiler's (name, self time) rows: matrix products (attention's own wgmma kernels
+    not counted twice), attention, the dropout masks' integer kernels, as shares of the kernels' time alone;
+    the table lists the kernels, then the host-side rows."""
+    everything = sorted(named, key=lambda row: row[1], reverse=True)
+    events = [row for row in everything if not RUNTIME.search(row[0])]
+    total = sum(us for _, us in events) or 1.0
+    table = [f"{us / total:7.2%}  {us / 1e3:10.2f} ms  {name}" for name, us in events]
+    table += ["", "host side (not in the shares above):"]
+    table += [f"           {us / 1e3:10.2f} ms  {name}" for name, us in everything if RUNTIME.search(name)]
+
+    def share(pattern: re.Pattern, but: re.Pattern | None = None) -> float:
+        return round(sum(us for name, us in events if pattern.search(name) and not (but and but.search(name)))
+                     / total, 3)
+
+    return ({"gemm_share": share(GEMM, ATTENTION), "attention_share": share(ATTENTION), "mask_share": share(MASKS),
+             "attention_kernels": [name[:90] for name, _ in events if ATTENTION.search(name)][:4],
+             "top": [[name[:90], round(us / total, 3)] for name, us in events[:6]]}, table)
 
 
 def _figures(cfg, inputs: Inputs, m: Measured, peak: tuple[float, str, str] | None) -> dict:
@@ -288,7 +308,8 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
     if kernels and "gemm_share" in kernels:
         named = ", ".join(kernels["attention_kernels"]) or "no attention kernel named"
         lines.append(f"kernel time: matrix products {kernels['gemm_share']:.0%}, attention "
-                     f"{kernels['attention_share']:.0%} ({named})")
+                     f"{kernels['attention_share']:.0%}, dropout masks' integer kernels "
+                     f"{kernels.get('mask_share', 0):.0%} ({named})")
     peak = figures["peak_tflops"]["value"] if figures["peak_tflops"] else "?"
     lines.append(f"MFU = model FLOPs / s / peak, {MFU_RULE}; peak {peak} TFLOP/s ({gpu or 'CPU'})")
     return tuple(lines)
