@@ -9,7 +9,8 @@ What it does, on the demo corpus and model (checkpoints/demo.yaml), through the 
    samples, as they are) and "new" (the other half, made a language the base model has never heard:
    every text id above the specials is mapped by a fixed permutation and every code is shifted by half
    the code range, so the same pieces sound different). `two_language_corpus` writes the manifests
-   (tests/test_forgetting_runs.py uses it too).
+   (tests/test_forgetting_runs.py uses it too; `two_language_corpus25` splits the IndexTTS-2.5 demo the same
+   way, for the tests only).
 2. Trains the base model: the demo's tiny base checkpoint on "base" alone, BASE_STEPS steps.
    The runs call the trainer's main() in this process, as `indextts-train` does.
 3. Fine-tunes that model on "new" for FINE_TUNE_STEPS steps with 0%, 10% and 30% replay of "base"
