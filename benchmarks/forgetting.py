@@ -9,7 +9,8 @@ What it does, on the demo corpus and model (checkpoints/demo.yaml), through the 
    samples, as they are) and "new" (the other half, made a language the base model has never heard:
    every text id above the specials is mapped by a fixed permutation and every code is shifted by half
    the code range, so the same pieces sound different). `two_language_corpus` writes the manifests
-   (tests/test_forgetting_runs.py uses it too).
+   (tests/test_forgetting_runs.py uses it too; `two_language_corpus25` splits the IndexTTS-2.5 demo the same
+   way, for the tests only).
 2. Trains the base model: the demo's tiny base checkpoint on "base" alone, BASE_STEPS steps.
    The runs call the trainer's main() in this process, as `indextts-train` does.
 3. Fine-tunes that model on "new" for FINE_TUNE_STEPS steps with 0%, 10% and 30% replay of "base"
@@ -121,6 +122,57 @@ def two_language_corpus(demo: Path, out: Path, gpt: GPTConfig) -> dict[str, Path
                         target = out / "features" / f"new_{source.name}"
                         np.save(target, change(np.load(source)).astype(np.int32), allow_pickle=False)
                         row[key] = str(target)
+                lines.append(json.dumps(row) + "\n")
+            paths[f"{lang}_{split}"] = out / f"{lang}_{split}.jsonl"
+            paths[f"{lang}_{split}"].write_text("".join(lines), encoding="utf-8")
+    return paths
+
+
+BASE25, NEW25 = "en", "de"  # IndexTTS-2.5's languages are codes of its own (trainers/families/indextts25/languages.py)
+
+
+def two_language_corpus25(demo: Path, out: Path, gpt: GPTConfig) -> dict[str, Path]:
+    """`two_language_corpus` for the IndexTTS-2.5 demo in `demo` (its .npz pair and utterance lines): "en" (the first
+    half, as it is) and "de" (the other half: its lines' language, its text ids' language token <|de|>, every other
+    id a rank of the tiktoken file mapped by a fixed permutation, the codes shifted by half the code range). The same
+    keys; its languages are BASE25 and NEW25 (lang_embedding rows of their own)."""
+    from trainers.families.indextts25.languages import SPECIAL_TOKENS
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "features").mkdir(exist_ok=True)
+    rng = np.random.Generator(np.random.PCG64(20260))
+    ranks = gpt.number_text_tokens - len(SPECIAL_TOKENS)  # the specials follow the ranks; ids 0 and 1 are dropped
+    ids = np.arange(gpt.number_text_tokens)
+    ids[2:ranks] = 2 + rng.permutation(ranks - 2)
+    ids[ranks + SPECIAL_TOKENS.index(f"<|{BASE25}|>")] = ranks + SPECIAL_TOKENS.index(f"<|{NEW25}|>")
+    codes = gpt.start_mel_token
+    written: dict[str, str] = {}
+
+    def new_features(raw: str) -> str:
+        source = demo / raw
+        if raw not in written:
+            with np.load(source, allow_pickle=False) as archive:
+                arrays = {k: archive[k] for k in archive.files}
+            arrays["text_ids"] = ids[arrays["text_ids"]].astype(np.int32)
+            arrays["codes"] = ((arrays["codes"] + codes // 2) % codes).astype(np.int32)
+            written[raw] = str(out / "features" / f"new_{source.name}")
+            np.savez(written[raw], **arrays)
+        return written[raw]
+
+    paths = {}
+    for split in ("train", "val"):
+        rows = [json.loads(line) for line in (demo / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+        half = len(rows) // 2
+        for lang, part in (("base", rows[:half]), ("new", rows[half:])):
+            lines = []
+            for row in part:
+                keys = [k for k in ("features", "target_features", "prompt_features") if k in row]
+                if lang == "base":
+                    row.update({k: str(demo / row[k]) for k in keys})
+                else:
+                    row.update({k: new_features(row[k]) for k in keys}, id=f"new_{row['id']}", lang=NEW25)
+                    row.update({k: NEW25 for k in ("prompt_lang",) if k in row})
+                    row.pop("text", None)  # its ids are no longer the tokenizer's reading of this text
                 lines.append(json.dumps(row) + "\n")
             paths[f"{lang}_{split}"] = out / f"{lang}_{split}.jsonl"
             paths[f"{lang}_{split}"].write_text("".join(lines), encoding="utf-8")

@@ -8,6 +8,10 @@ fine-tuned on "new" with "base" replayed.
 * the guard's stop, its best.pth choice, a resume that respects the stop and one with a larger limit;
 * under torchrun (2 CPU processes) the ids of every step equal one process's;
 * LoRA and frozen base rows run with mixing and the guard.
+
+The shares per step and the killed run's exact resume are tested for each model family (`family_assets`): for
+IndexTTS-2.5 on its demo split the same way into "en" and "de" (benchmarks/forgetting.py, two_language_corpus25),
+whose languages are codes of its own.
 """
 from __future__ import annotations
 
@@ -16,18 +20,23 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.forgetting import two_language_corpus
+from benchmarks.forgetting import BASE25, NEW25, two_language_corpus, two_language_corpus25
 import yaml
 
-from tests.demo_runs import REPO, assert_same_training, final_state, train, train_here
+from tests.demo_runs import DEMO25_CONFIG, REPO, assert_same_training, final_state, train, train_here
 from tests.test_ddp_runs import assert_close_metrics, torchrun
 from trainers.checkpoint import schema
+from trainers.families import FAMILIES
 from trainers.model.gpt_model import GPTConfig
 
 DEMO_YAML = REPO / "checkpoints" / "demo.yaml"
 STEPS = 15
-COMMON = ["--config", str(DEMO_YAML), "--effective-batch", "16", "--data-order", "random", "--max-val-batches", "0",
-          "--log-interval", "3", "--keep-checkpoints", "10", "--epochs", "100"]
+COMMON = ["--effective-batch", "16", "--data-order", "random", "--max-val-batches", "0", "--log-interval", "3",
+          "--keep-checkpoints", "10", "--epochs", "100"]
+LANGUAGES = ("base", "new")  # IndexTTS2's: any name
+# The validations of the fine-tune (fine_tune_flags) past its limit of 7%, per family: IndexTTS2's base language
+# rises 10-15% from step 6 on; IndexTTS-2.5's "en" +3.1%, +5.7%, +7.3%, +5.7%, +3.1% at steps 3 to 15.
+PAST_THE_LIMIT = {"indextts2": [6, 9, 12, 15], "indextts25": [9]}
 
 
 @pytest.fixture(scope="module")
@@ -35,31 +44,58 @@ def corpus(demo_assets, tmp_path_factory) -> dict[str, Path]:
     demo = Path(demo_assets[demo_assets.index("--tokenizer") + 1]).parent
     gpt = GPTConfig.from_yaml_section(yaml.safe_load(DEMO_YAML.read_text())["gpt"])
     paths = two_language_corpus(demo, tmp_path_factory.mktemp("two_languages"), gpt)
-    return {**paths, "tokenizer": demo / "bpe.model", "tiny_base": Path(demo_assets[-1])}
+    return {**paths, "tokenizer": demo / "bpe.model", "tiny_base": Path(demo_assets[-1]), "config": DEMO_YAML}
 
 
-@pytest.fixture(scope="module")
-def base_model(corpus, tmp_path_factory) -> Path:
-    """The demo's tiny base trained on "base" alone: the model whose language a fine-tune may forget."""
-    out = tmp_path_factory.mktemp("base") / "run"
-    done = train_here(out, *COMMON, "--tokenizer", str(corpus["tokenizer"]), "--base-checkpoint",
-                      str(corpus["tiny_base"]), "--train-manifest", f"{corpus['base_train']}::base",
-                      "--max-steps", "80", "--learning-rate", "3e-3", "--warmup-steps", "4", "--val-interval", "0",
-                      "--save-interval", "80")
+def train_base(corpus: dict[str, Path], out: Path, steps: int, lr: str, language: str = "base") -> Path:
+    """The demo's tiny base trained on the base language alone: the model whose language a fine-tune may forget."""
+    done = train_here(out, *COMMON, "--config", str(corpus["config"]), "--tokenizer", str(corpus["tokenizer"]),
+                      "--base-checkpoint", str(corpus["tiny_base"]), "--train-manifest",
+                      f"{corpus['base_train']}::{language}", "--max-steps", str(steps), "--learning-rate", lr,
+                      "--warmup-steps", "4", "--val-interval", "0", "--save-interval", str(steps))
     assert done.returncode == 0, done.stderr
     return out / "latest.pth"
 
 
-def fine_tune_flags(corpus: dict[str, Path], base: Path, share: str = "0.125") -> list[str]:
+@pytest.fixture(scope="module")
+def base_model(corpus, tmp_path_factory) -> Path:
+    return train_base(corpus, tmp_path_factory.mktemp("base") / "run", 80, "3e-3")
+
+
+def fine_tune_flags(corpus: dict[str, Path], base: Path, share: str = "0.125",
+                    languages: tuple[str, str] = LANGUAGES) -> list[str]:
     """15 steps on "new" with 2 of every 16 samples from "base", validating both every 3 steps. On the demo the
     base language's mel loss rises 2% by step 3, then 10-15% from step 6 on, while the validation mel loss of
     both together falls below step 3's at step 12 and 15: a limit of 7% judges steps 0 and 3 within, the rest
-    past, and best.pth is step 3 only because of the guard."""
-    return [*COMMON, "--tokenizer", str(corpus["tokenizer"]), "--base-checkpoint", str(base),
-            "--train-manifest", f"{corpus['new_train']}::new", "--train-manifest", f"{corpus['base_train']}::base@{share}",
-            "--val-manifest", f"{corpus['base_val']}::base", "--val-manifest", f"{corpus['new_val']}::new",
-            "--max-steps", str(STEPS), "--val-interval", "3", "--save-interval", "3", "--learning-rate", "6e-3",
-            "--warmup-steps", "10", "--log-sample-ids", "--forgetting-limit", "0.07"]
+    past, and best.pth is step 3 only because of the guard. `languages`: the names of "base" and "new"."""
+    base_lang, new_lang = languages
+    return [*COMMON, "--config", str(corpus["config"]), "--tokenizer", str(corpus["tokenizer"]), "--base-checkpoint",
+            str(base), "--train-manifest", f"{corpus['new_train']}::{new_lang}", "--train-manifest",
+            f"{corpus['base_train']}::{base_lang}@{share}", "--val-manifest", f"{corpus['base_val']}::{base_lang}",
+            "--val-manifest", f"{corpus['new_val']}::{new_lang}", "--max-steps", str(STEPS), "--val-interval", "3",
+            "--save-interval", "3", "--learning-rate", "6e-3", "--warmup-steps", "10", "--log-sample-ids",
+            "--forgetting-limit", "0.07"]
+
+
+@pytest.fixture(scope="module")
+def fine_tune(family_assets, request) -> tuple[dict[str, Path], Path, tuple[str, str]]:
+    """The corpus, the base model and the languages of each model family."""
+    if family_assets.family == "indextts2":
+        return request.getfixturevalue("corpus"), request.getfixturevalue("base_model"), LANGUAGES
+    return request.getfixturevalue("fine_tune25")
+
+
+@pytest.fixture(scope="module")
+def fine_tune25(demo25_assets, tmp_path_factory) -> tuple[dict[str, Path], Path, tuple[str, str]]:
+    """The IndexTTS-2.5 demo split into "en" and "de", and a base trained on "en" for 30 steps (its "en" validation
+    mel loss rises past 7% at step 9 of the fine-tune)."""
+    demo = Path(demo25_assets[demo25_assets.index("--tokenizer") + 1]).parent
+    family = FAMILIES["indextts25"]
+    gpt = family.read_config(yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"])
+    corpus = {**two_language_corpus25(demo, tmp_path_factory.mktemp("two_languages25"), gpt),
+              "tokenizer": demo / family.demo_tokenizer_name, "tiny_base": demo / "base_gpt.pth",
+              "config": DEMO25_CONFIG}
+    return corpus, train_base(corpus, tmp_path_factory.mktemp("base25") / "run", 30, "1e-2", BASE25), (BASE25, NEW25)
 
 
 def validations(run: Path) -> dict[int, dict]:
@@ -77,6 +113,18 @@ def guarded(corpus, base_model, tmp_path_factory) -> tuple[Path, str]:
     """The uninterrupted fine-tune with replay and the guard (no stop), 15 steps."""
     out = tmp_path_factory.mktemp("guarded") / "run"
     done = train_here(out, *fine_tune_flags(corpus, base_model), "--batch-size", "8")
+    assert done.returncode == 0, done.stderr
+    return out, done.stderr
+
+
+@pytest.fixture(scope="module")
+def family_guarded(fine_tune, family_assets, request, tmp_path_factory) -> tuple[Path, str]:
+    """`guarded`, for each model family."""
+    if family_assets.family == "indextts2":
+        return request.getfixturevalue("guarded")
+    corpus, base, languages = fine_tune
+    out = tmp_path_factory.mktemp("guarded25") / "run"
+    done = train_here(out, *fine_tune_flags(corpus, base, languages=languages), "--batch-size", "8")
     assert done.returncode == 0, done.stderr
     return out, done.stderr
 
@@ -130,23 +178,30 @@ def test_a_guard_without_base_languages_and_an_unvalidated_base_language_exit_2(
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_every_step_holds_its_share_and_the_forgetting_is_measured_per_language(guarded):
-    out, log = guarded
+def test_every_step_holds_its_share_and_the_forgetting_is_measured_per_language(family_guarded, fine_tune,
+                                                                                 family_assets):
+    out, log = family_guarded
+    base, new = fine_tune[2]
     made = step_make_up(out)
     # 192 "new" samples at 14 a step: the epoch's 14th step has 10 of them and round(2 x 10/14) = 1 replayed.
     assert made[:13] == [(16, 2)] * 13 and made[13] == (11, 1) and made[14] == (16, 2)
     vals = validations(out)
     assert sorted(vals) == [0, 3, 6, 9, 12, 15]
     for step, entry in vals.items():
-        for lang in ("base", "new"):
+        for lang in (base, new):
             change = entry["forgetting"][lang]
             assert change["base_step"] == 0
             assert change["mel_loss"] == pytest.approx(entry["langs"][lang]["mel_loss"] - vals[0]["langs"][lang]["mel_loss"])
-    assert vals[15]["forgetting"]["new"]["mel_loss_rel"] < -0.1  # the new language is learnt
-    assert "forgetting step 6 language base [base] vs step 0: text_loss" in log
-    assert "WARNING forgetting past --forgetting-limit 0.07 on mel_loss of base at step 6: language base mel_loss" in log
+    assert vals[15]["forgetting"][new]["mel_loss_rel"] < -0.1  # the new language is learnt
+    assert f"forgetting step 6 language {base} [base] vs step 0: text_loss" in log
+    past = sorted(step for step, entry in vals.items() if not entry["forgetting_guard"]["within"])
+    assert past == PAST_THE_LIMIT[family_assets.family]  # the base language forgotten past the limit, the guard said so
+    for step in past:
+        assert (f"WARNING forgetting past --forgetting-limit 0.07 on mel_loss of {base} at step {step}: language "
+                f"{base} mel_loss") in log
+    assert schema.read(out / "best.pth").step not in past
     state = final_state(out)
-    assert state.forgetting["base"]["base"]["step"] == 0 and state.replayed == {"1": 29}
+    assert state.forgetting["base"][base]["step"] == 0 and state.replayed == {"1": 29}
 
 
 def test_a_change_of_the_shares_on_resume_is_a_change_of_the_data(guarded, corpus, base_model, tmp_path):
@@ -177,10 +232,11 @@ def test_best_pth_is_only_taken_from_validations_within_the_limit(guarded):
     assert schema.read(out / "best.pth").step == min(within, key=lambda s: vals[s]["mel_loss"]) == 3
 
 
-def test_a_killed_run_with_mixing_and_the_guard_resumes_bit_identically(guarded, corpus, base_model, tmp_path):
-    reference, _ = guarded
+def test_a_killed_run_with_mixing_and_the_guard_resumes_bit_identically(family_guarded, fine_tune, tmp_path):
+    reference, _ = family_guarded
+    corpus, base_model, languages = fine_tune
     out = tmp_path / "run"
-    flags = [*fine_tune_flags(corpus, base_model), "--batch-size", "8"]
+    flags = [*fine_tune_flags(corpus, base_model, languages=languages), "--batch-size", "8"]
     first = train(out, *flags, kill_at="micro:5:0")  # mid accumulation, after the save of step 3
     assert first.returncode != 0 and final_state(out).step == 3
     second = train(out, "--resume", "auto", kill_at="micro:15:1")  # past the epoch boundary (step 14)
@@ -189,7 +245,8 @@ def test_a_killed_run_with_mixing_and_the_guard_resumes_bit_identically(guarded,
     assert last.returncode == 0, last.stderr
     assert_same_training(reference, out, STEPS)
     assert final_state(out).forgetting == final_state(reference).forgetting
-    assert schema.read(out / "best.pth").step == 3
+    assert final_state(out).replayed == final_state(reference).replayed
+    assert schema.read(out / "best.pth").step == schema.read(reference / "best.pth").step  # 3 for IndexTTS2
 
 
 def test_the_guard_stops_the_run_keeping_the_best_within_the_limit(stopped):
@@ -261,6 +318,19 @@ def test_lora_frozen_base_rows_and_generation_run_with_mixing_and_the_guard(corp
     assert {"base", "new"} == set(changes)
     if "--sample-interval" in variant:  # the generation metrics of each language are measured too
         assert {"gen/stop_rate", "gen/stop_rate_rel", "gen/length_error_median"} <= set(changes["base"])
+
+
+def test_lora_with_a_new_languages_rows_runs_with_mixing_and_the_guard_on_indextts25(fine_tune25, tmp_path):
+    """IndexTTS-2.5's way to add a language: its rows (--new-language) and LoRA adapters, with "en" replayed."""
+    corpus, base, (en, de) = fine_tune25
+    out = tmp_path / "run"
+    done = train_here(out, *fine_tune_flags(corpus, base, languages=(en, de)), "--max-steps", "6", "--forgetting-stop",
+                      "--lora-rank", "4", "--new-language", de)
+    assert done.returncode == 0, done.stderr
+    assert f"--new-language {de}: rows lang_embedding.weight[2]" in done.stderr
+    assert step_make_up(out)[:6] == [(16, 2)] * 6
+    assert {en, de} == set(validations(out)[3]["forgetting"])
+    assert final_state(out).forgetting["base"][en]["step"] == 0
 
 
 def test_the_experiment_api_and_the_plot_show_the_forgetting_per_language(guarded):
