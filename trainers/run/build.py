@@ -36,7 +36,7 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: tor
     if inputs.base_state is not None and (not resuming or lora):
         base = load_base_weights(Path(cfg.settings.base_checkpoint), model, inputs.base_state, cfg.family.layout)
         weights.carried = base.carried
-        log.info("loaded --base-checkpoint %s: %d tensors carried unchanged, %d dropped", cfg.settings.base_checkpoint,
+        log.info("loaded --base-checkpoint %s: %d tensors carried, %d dropped", cfg.settings.base_checkpoint,
                  len(base.carried), len(base.dropped))
     elif not resuming:
         log.warning("no --base-checkpoint: training from random weights; the checkpoints will lack the")
