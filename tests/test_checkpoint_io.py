@@ -110,6 +110,21 @@ def test_keep_zero_writes_only_latest(tmp_path):
     assert mgr.find_resume() == mgr.latest_path()
 
 
+def test_apply_keep_without_a_save_leaves_what_latest_does_not_name_as_newest(tmp_path):
+    """A resume with nothing to train rotates (trainers/main.py nothing_to_do) only where latest.pth names the
+    step resumed, the newest; with keep 0 never the file a symlinked latest.pth needs."""
+    saved = CheckpointManager(tmp_path, keep=3)
+    for step in (1, 2, 3):
+        saved.save(state(step), step)
+    names = lambda: sorted(p.name for p in tmp_path.glob("model_step*.pth"))  # noqa: E731
+    CheckpointManager(tmp_path, keep=1).apply_keep(2)  # an explicit --resume of model_step2.pth: not the newest
+    assert names() == ["model_step1.pth", "model_step2.pth", "model_step3.pth"]
+    os.replace(tmp_path / "latest.pth", tmp_path / "old.pth")
+    os.symlink("model_step3.pth", tmp_path / "latest.pth")  # a file system without hard links
+    CheckpointManager(tmp_path, keep=0).apply_keep(3)
+    assert names() == ["model_step3.pth"] and loaded_step(tmp_path / "latest.pth") == 3
+
+
 def test_saving_same_step_again_replaces_it(tmp_path):
     mgr = CheckpointManager(tmp_path, keep=2)
     mgr.save(state(1), 1)

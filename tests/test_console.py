@@ -68,6 +68,15 @@ def demo_resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, s
     return out, first.stderr, resumed.stderr
 
 
+def assert_lines_fit(text: str, *places: Path) -> None:
+    """Every line at most 120 characters, a path under one of `places` counted as RUN (the user's paths are what
+    they are). tqdm's bar is not drawn without a terminal, so no line here is the terminal's width."""
+    for place in places:
+        text = text.replace(str(place), "RUN")
+    for line in text.splitlines():
+        assert len(line) <= 120, line
+
+
 def test_log_lines_are_at_most_120_characters_besides_the_run_directory(demo_resumed):
     """8 of 19 lines of a normal run were longer (one 369)."""
     out, *logs = demo_resumed
@@ -85,10 +94,12 @@ def test_a_demo_resume_says_each_thing_once(demo_resumed):
     assert "manifest check cached" not in resumed
 
 
-def test_a_short_demo_is_not_warned_about_a_warmup_nobody_gave(tmp_path, demo_assets):
-    """`--demo --max-steps 4` warned about `--warmup-steps 20`, a value the user never gave."""
+def test_a_short_demo_is_not_warned_about_a_warmup_nobody_gave(tmp_path, tmp_path_factory, demo_assets):
+    """`--demo --max-steps 4` warned about `--warmup-steps 20`, a value the user never gave; and its schedule line was
+    157 characters long."""
     done = train_here(tmp_path / "run", *demo_assets, "--max-steps", "4", "--val-interval", "0")
     assert done.returncode == 0, done.stderr
+    assert_lines_fit(done.stderr, tmp_path, tmp_path_factory.getbasetemp())
     assert "WARNING" not in done.stderr and "--warmup-steps 20" not in done.stderr, done.stderr
     assert "learning rate: the demo's 20 warmup steps outlast the 4-step horizon: it stays below 0.003" in done.stderr
 
@@ -111,11 +122,12 @@ def test_the_periodic_line_says_elapsed_time_and_time_left(demo_resumed):
                      re.M), first
 
 
-def test_counts_are_worded_as_they_are(tmp_path, demo_assets):
+def test_counts_are_worded_as_they_are(tmp_path, tmp_path_factory, demo_assets):
     """'0.0M trained parameters' for a LoRA run of a small model; 'warmup 1 steps'."""
     done = train_here(tmp_path / "run", *demo_assets, "--lora-rank", "2", "--max-steps", "1", "--val-interval", "0",
                       "--warmup-steps", "1", "--lr-decay-steps", "4")
     assert done.returncode == 0, done.stderr
+    assert_lines_fit(done.stderr, tmp_path, tmp_path_factory.getbasetemp())  # the LoRA line was 158 characters
     count = re.search(r"; (\S+) trained parameters", done.stderr).group(1)
     assert re.fullmatch(r"\d+(\.\d+)?K", count), count
     assert "learning rate: warmup 1 step to 0.003, cosine to 0.0003 at step 4" in done.stderr, done.stderr
@@ -126,6 +138,7 @@ def test_a_default_warmup_longer_than_the_run_is_said_to_be_the_default(tmp_path
                       "--effective-batch", "8", "--val-interval", "0")
     assert done.returncode == 0, done.stderr
     assert "--warmup-steps 500 (the default) is not shorter than the learning-rate horizon of 3 steps:" in done.stderr
+    assert_lines_fit(done.stderr, tmp_path)  # the trimmed config's keys were one line of 236 characters
     resumed = train_here(tmp_path / "run", *small_corpus_flags(tmp_path / "data2"), "--max-steps", "3",
                          "--resume", "auto")
     assert "--warmup-steps" not in resumed.stderr  # said once, at the start; the resume keeps the schedule
@@ -164,7 +177,8 @@ def test_the_progress_bar_shows_the_last_logged_loss_and_is_not_drawn_after_the_
 # --- a busy CPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("threads", [2, 1])
-def test_a_busy_cpu_with_several_threads_is_told_about_omp_num_threads(tmp_path, demo_assets, monkeypatch, threads):
+def test_a_busy_cpu_with_several_threads_is_told_about_omp_num_threads(tmp_path, tmp_path_factory, demo_assets,
+                                                                      monkeypatch, threads):
     """The demo took 221 s with the default threads and 34 s with OMP_NUM_THREADS=1 on a loaded CPU; nothing said so.
     The load average is the system's: here it reads as ten times the cores."""
     monkeypatch.setattr(os, "getloadavg", lambda: (10.0 * (os.cpu_count() or 1),) * 3)
@@ -177,3 +191,4 @@ def test_a_busy_cpu_with_several_threads_is_told_about_omp_num_threads(tmp_path,
     assert done.returncode == 0, done.stderr
     told = "WARNING the CPU is busy: load average" in done.stderr and "OMP_NUM_THREADS=1" in done.stderr
     assert told == (threads > 1), done.stderr
+    assert_lines_fit(done.stderr, tmp_path, tmp_path_factory.getbasetemp())  # its second line was 127

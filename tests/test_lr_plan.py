@@ -142,7 +142,7 @@ def test_a_warmup_longer_than_the_horizon_is_no_end_of_the_schedule(demo_assets,
     assert more.returncode == 0, more.stderr
     rates = lrs(out)
     assert [rates[i] for i in range(1, 9)] == pytest.approx([3e-3 * i / 10 for i in range(1, 9)])
-    assert "then 0 from step 11 (the warmup is not shorter than the horizon 4)" in more.stderr
+    assert "learning rate: warmup 10 steps to 0.003, then 0 from step 11\n" in more.stderr
     refused = train_here(out, "--resume", "auto", "--max-steps", "16")  # past the peak of step 10: 0 from step 11
     assert refused.returncode == 2 and "its learning-rate schedule ends at step 11" in refused.stderr
     assert "(no jump: the next step's rate stays 0.0027)" in refused.stderr

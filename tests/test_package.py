@@ -101,3 +101,39 @@ def test_ci_runs_exactly_the_readmes_set_up_and_test_command():
                      if line.startswith("pip install") and line.endswith("python -m pytest"))
     ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
     assert test_line in ci_lines, f".ci/run should run the README's test command: {test_line}"
+
+
+def _gone_reader() -> int:
+    """The write end of a pipe whose reader has already gone: `| head` without head's race (the first write fails
+    with EPIPE, however short the output)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+def test_each_commands_report_into_a_reader_that_stopped_is_dropped_quietly(demo_assets, tmp_path):
+    """`indextts-inspect run/latest.pth | head -3` ended in a BrokenPipeError traceback and status 1. Each command
+    that prints a report, run as the user runs it: quiet, and its own status (0: its work is done)."""
+    from tests.demo_runs import full_config, train_here
+
+    run = tmp_path / "run"
+    assert train_here(run, *demo_assets, "--max-steps", "1", "--val-interval", "0").returncode == 0
+    flag = {name: value for name, value in zip(demo_assets, demo_assets[1:])}
+    tools = REPO / "tools"
+    commands = [[tools / "inspect_checkpoint.py", run / "latest.pth"],
+                [tools / "inspect_checkpoint.py", run / "latest.pth", "--json"],
+                [tools / "inspect_checkpoint.py", run / "latest.pth", "--verify"],
+                [tools / "export_checkpoint.py", run, "--out", tmp_path / "export", "--config",
+                 full_config(tmp_path / "full.yaml")],
+                [tools / "plot_runs.py", run, "--out", tmp_path / "runs.png"],
+                [tools / "tokenizer" / "retokenize_manifest.py", "--tokenizer", flag["--tokenizer"],
+                 "--manifests", flag["--train-manifest"], "--output-dir", tmp_path / "ids"],
+                [tools / "pack_run.py", run]]
+    for command in commands:
+        stdout = _gone_reader()
+        try:
+            done = subprocess.run([sys.executable, *map(str, command)], stdout=stdout, stderr=subprocess.PIPE,
+                                  text=True, cwd=REPO, timeout=scaled(120))
+        finally:
+            os.close(stdout)
+        assert (done.returncode, done.stderr) == (0, ""), f"{command}: {done.stderr}"

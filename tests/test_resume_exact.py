@@ -103,6 +103,25 @@ def test_a_kill_between_the_final_saves_rename_and_link_is_repaired_by_the_resum
     assert again.returncode == 0 and "behind" not in again.stderr
 
 
+def test_a_finished_run_resumed_with_fewer_checkpoints_kept_keeps_that_many(demo_assets, tmp_path):
+    """`--resume auto --keep-checkpoints 1` on a run already at --max-steps ("nothing to do") left its three
+    model_step files: only a save rotated them. The run directory ends as a run with that setting leaves it,
+    latest.pth (the newest checkpoint) untouched; with 0, latest.pth alone."""
+    out = tmp_path / "run"
+    done = train_here(out, *demo_assets, "--max-steps", "3", "--save-interval", "1", "--keep-checkpoints", "3",
+                      "--val-interval", "0")
+    assert done.returncode == 0, done.stderr
+    steps = lambda: sorted(p.name for p in out.glob("model_step*.pth"))  # noqa: E731
+    assert steps() == ["model_step1.pth", "model_step2.pth", "model_step3.pth"]
+    for keep, left in (("1", ["model_step3.pth"]), ("0", [])):
+        resumed = train_here(out, "--resume", "auto", "--keep-checkpoints", keep)
+        assert resumed.returncode == 0 and "nothing to do: the run is already at step 3" in resumed.stderr, \
+            resumed.stderr
+        assert steps() == left and final_state(out).step == 3, resumed.stderr
+    again = train_here(out, "--resume", "auto", "--max-steps", "4")  # and it goes on from there
+    assert again.returncode == 0 and final_state(out).step == 4, again.stderr
+
+
 def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(demo_assets, reference, tmp_path):
     out = tmp_path / "run"
     stopped = train_here(out, *demo_assets, *COMMON, kill_at="SIGTERM@micro:9:0")

@@ -90,7 +90,8 @@ def test_a_plan_change_killed_before_its_first_save_is_continued_by_resume_auto_
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert "continuing the plan the last start accepted for latest.pth" in resumed.stderr
-    assert "max_steps 12 -> 20; learning rate from step 12 a re-warm" in resumed.stderr
+    assert "INFO   max_steps 12 -> 20\n" in resumed.stderr  # one change a line
+    assert "INFO   learning rate from step 12 a re-warm" in resumed.stderr
     assert_same_training(reference, out, 20)
 
 

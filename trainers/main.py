@@ -91,24 +91,19 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                                                          record_sample_ids=run.settings.log_sample_ids,
                                                          interval=run.progress.interval)
     if run.progress.step >= run.total_steps:
-        log.info("nothing to do: the run is already at step %d; pass a larger --max-steps or --epochs to continue",
-                 run.progress.step)
-        tlog.close()
-        return EXIT_OK
+        return nothing_to_do(run, tlog, "the run is already at step %d; pass a larger --max-steps or --epochs to "
+                             "continue", run.progress.step)
     run.progress.follow_best_metric(run.settings.best_metric)
     if run.progress.patience_spent(run.settings.early_stop_patience):
-        log.info("nothing to do: the run stopped early at step %d after %d validations without a new best; pass a "
-                 "larger --early-stop-patience to continue", run.progress.step, run.progress.stale_validations)
-        tlog.close()
-        return EXIT_OK
+        return nothing_to_do(run, tlog, "the run stopped early at step %d after %d validations without a new best; "
+                             "pass a larger --early-stop-patience to continue", run.progress.step,
+                             run.progress.stale_validations)
     breaches = run.forgetting.breaches(run.guard) if run.settings.forgetting_stop else None
     if breaches:
-        log.info("nothing to do: the run stopped at step %d: its last validation (step %d) is past "
-                 "--forgetting-limit %g (%s); pass a larger --forgetting-limit or --no-forgetting-stop to continue",
-                 run.progress.step, run.forgetting.last["step"], run.settings.forgetting_limit,
-                 "; ".join(b.describe(run.settings.forgetting_limit) for b in breaches))
-        tlog.close()
-        return EXIT_OK
+        return nothing_to_do(run, tlog, "the run stopped at step %d: its last validation (step %d) is past "
+                             "--forgetting-limit %g (%s); pass a larger --forgetting-limit or --no-forgetting-stop to "
+                             "continue", run.progress.step, run.forgetting.last["step"], run.settings.forgetting_limit,
+                             "; ".join(b.describe(run.settings.forgetting_limit) for b in breaches))
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
                disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step
@@ -154,6 +149,16 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     finally:
         bar.close()
         tlog.close()
+
+
+def nothing_to_do(run: Run, tlog: TrainLog, why: str, *args: object) -> int:
+    """A resume that has nothing to train still leaves the run directory as its settings say: a lowered
+    --keep-checkpoints applies now, not at a save that will not come."""
+    log.info("nothing to do: " + why, *args)
+    if run.world.is_main:
+        run.checkpoints.apply_keep(run.progress.step)
+    tlog.close()
+    return EXIT_OK
 
 
 def failed_update(run: Run, exc: RuntimeError) -> int:

@@ -69,6 +69,10 @@ class Checkpointer:
                      lambda path: log.info("saved %s: the best validation so far (step %d, %s %.4f)", path.name, step,
                                            metric, value))
 
+    def apply_keep(self, step: int) -> None:
+        """A resume with nothing to train, at `step`: the step files beyond --keep-checkpoints go, as at a save."""
+        self.files.apply_keep(step)
+
     def restore(self, ckpt: schema.Checkpoint) -> None:
         """Load every section of `ckpt` into its component, in schema.RESTORE_ORDER: the one place a
         resume restores state. Whatever can refuse the checkpoint has run before (trainers/run/resume.py)."""

@@ -207,14 +207,25 @@ class CheckpointManager:
             )
             raise
 
-    def _rotate(self) -> None:
+    def apply_keep(self, step: int) -> None:
+        """Rotation without a save, for a resume that has nothing to train: the directory ends as a save with
+        this ``keep`` leaves it. Only where latest.pth names ``model_step{step}``, the newest step file (what
+        ``--resume auto`` resumed); with ``keep == 0`` that file goes too where latest.pth is a hard link, which
+        keeps its bytes (a symlink would dangle)."""
+        files = self.step_files()
+        latest = self.latest_path()
+        if not files or files[-1][0] != step or not latest.exists() or self._latest_step(files) != step:
+            return
+        self._rotate(protect_latest=self.keep > 0 or latest.is_symlink())
+
+    def _rotate(self, protect_latest: bool = True) -> None:
         """Delete step files beyond the newest ``keep``; runs only after
         latest.pth refers to the complete new checkpoint."""
         files = self.step_files()
         excess = files[: max(0, len(files) - self.keep)]
         if not excess:
             return
-        protected = self._latest_step(files) if self.latest_path().exists() else None
+        protected = self._latest_step(files) if protect_latest and self.latest_path().exists() else None
         for step, path in excess:
             if step == protected:
                 continue

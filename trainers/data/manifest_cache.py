@@ -128,8 +128,7 @@ def _reuse(path: Path, key: str, said: set[str]) -> Validated | None:
     except (OSError, TableFileError) as exc:
         return _distrust(path, str(exc))
     if header.get("key") != key:
-        log.info("the manifests, their location or the length limits changed since %s was written: checking the "
-                 "manifests in full", path)
+        log.info("manifests: checking in full (%s was for other manifests, places or limits)", _in_run(path))
         return None
     try:
         _, table, record = map_file(path, verify=True, extras=_FOLDER_ARRAYS)
@@ -139,7 +138,7 @@ def _reuse(path: Path, key: str, said: set[str]) -> Validated | None:
     reused = Validated(table, (duplicates[0], duplicates[1]), None)
     folders = table.folders.strings()
     why = changed_since(folders, record, [table.path(int(k)) for k in record["linked_files"]])
-    again = "feature folders unchanged"
+    again = "features unchanged"
     if why is not None:
         if why not in said:  # once per start: the flags' manifests often share their feature folders
             log.info("stat'ing the feature files again: %s", why)

@@ -134,7 +134,7 @@ def busy_cpu_note(machine: Hardware, threads: int) -> list[str]:
     if machine.is_cuda or threads <= 1 or load <= cores:
         return []
     return [f"the CPU is busy: load average {load:.1f} on {cores} cores, and torch computes on {threads} threads,",
-            "which then wait for each other: OMP_NUM_THREADS=1 (set before starting) can be several times faster"]
+            "which wait for each other: set OMP_NUM_THREADS=1 before starting, often several times faster"]
 
 
 def auto_workers(machine: Hardware) -> tuple[int, str]:

@@ -36,11 +36,11 @@ def build_weights(cfg: RunConfig, inputs: RunInputs, resuming: bool, device: tor
     if inputs.base_state is not None and (not resuming or lora):
         base = load_base_weights(Path(cfg.settings.base_checkpoint), model, inputs.base_state, cfg.family.layout)
         weights.carried = base.carried
-        log.info("loaded --base-checkpoint %s: %d tensors carried unchanged, %d dropped", cfg.settings.base_checkpoint,
+        log.info("loaded --base-checkpoint %s: %d tensors carried, %d dropped", cfg.settings.base_checkpoint,
                  len(base.carried), len(base.dropped))
     elif not resuming:
-        log.warning("no --base-checkpoint: training from random weights; saved checkpoints will lack the "
-                    "conditioning encoders that inference needs")
+        log.warning("no --base-checkpoint: training from random weights; the checkpoints will lack the")
+        log.warning("conditioning encoders that inference needs (pass --base-checkpoint gpt.pth for those)")
     if lora:
         add_lora(weights, lora, cfg)
     model.to(device)
@@ -72,10 +72,12 @@ def add_lora(weights: GPTWeights, lora: LoraSettings, cfg: RunConfig) -> None:
         weights.model.get_parameter(key).requires_grad_(True)
     trained += tables
     weights.trained_keys = tuple(trained)
-    log.info("LoRA: rank %d, alpha %g (scale %g), adapter dropout %g on %d projections (%s); the base weights are "
-             "frozen%s", lora.rank, lora.alpha, lora.scale, lora.dropout, len(adapted), ",".join(lora.targets),
-             "; text_embedding and text_head train (their base rows held exact)" if cfg.vocab.extended else
-             f"; {', '.join(tables)} train (all but the rows of --new-language held exact)" if tables else "")
+    log.info("LoRA: rank %d, alpha %g (scale %g), adapter dropout %g", lora.rank, lora.alpha, lora.scale, lora.dropout)
+    log.info("LoRA: %d projections adapted (%s); the base weights are frozen", len(adapted), ",".join(lora.targets))
+    if cfg.vocab.extended:
+        log.info("LoRA: text_embedding and text_head train (their base rows held exact)")
+    elif tables:
+        log.info("LoRA: %s train (all but the rows of --new-language held exact)", ", ".join(tables))
 
 
 def held_rows(cfg: RunConfig) -> dict[str, list[int]] | None:

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -384,9 +385,10 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
     missing = missing_inference_keys(data, keys)
     if missing and not demo:  # the demo's tiny model is not for inference
-        log.info("%s lacks keys %s inference reads (%s): a trimmed --config, enough for training", path, title,
-                 ", ".join(missing))
-        log.info("to export: tools/export_checkpoint.py --config with the full config.yaml of your %s model", title)
+        log.info("%s lacks keys %s inference reads (a trimmed --config: enough to train):", path, title)
+        for line in textwrap.wrap(", ".join(missing), 88):
+            log.info("  %s", line)
+        log.info("to export: indextts-export --config with the full config.yaml of your %s model", title)
     if tokenizer_key is None:  # inference opens the tokenizer by a fixed name, not through the config
         return
     section, key = tokenizer_key.split(".")

@@ -100,9 +100,11 @@ def continued(ckpt: schema.Checkpoint, key: dict[str, Any], record: dict[str, An
     changed = replace(ckpt, sections={**ckpt.sections, "run": run, "optim": optim})
     said = _differences(ckpt, changed)
     if said:
-        log.info("--resume auto: continuing the plan the last start accepted for %s (recorded in %s; it was stopped "
-                 "before its first save): %s", ckpt.path.name if ckpt.path else "this checkpoint", source.name,
-                 "; ".join(said))
+        log.info("--resume auto: continuing the plan the last start accepted for %s,",
+                 ckpt.path.name if ckpt.path else "this checkpoint")
+        log.info("recorded in %s by a start that saved nothing; its changes:", source.name)
+        for change in said:
+            log.info("  %s", change)
     return changed, str(record.get("machine") or "") or None
 
 

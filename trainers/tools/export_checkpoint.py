@@ -34,7 +34,6 @@ writes in export_output.py (beside this file).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch
 import yaml
 
 from trainers.config.inference_keys import other_model_files
+from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.tools.export_contents import (
     CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, exported_tokenizer_name, inference_config, listed,
@@ -171,6 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -181,8 +182,5 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        print("\n".join(result.lines()))
-    except BrokenPipeError:  # output piped into a reader that stopped (e.g. head); the export is done
-        sys.stdout = open(os.devnull, "w")
+    print("\n".join(result.lines()))
     return 0

@@ -30,6 +30,7 @@ import torch
 
 from trainers.checkpoint import schema
 from trainers.config.settings import saved_settings
+from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.families import FAMILIES
 from trainers.model.weights import state_dict_of, strip_module_prefix
@@ -342,6 +343,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:

@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.checkpoint import adapter_file
@@ -55,6 +56,7 @@ def merge(adapter: Path, base: Path, out: Path, allow_other_base: bool = False) 
             f"{len(lora.replaced)} replaced tensors into {base} -> {out}{dropped}")
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fold a LoRA adapter file into its base gpt.pth (upstream layout).")
     parser.add_argument("--adapter", type=Path, required=True, help="the LoRA adapter file")

@@ -29,6 +29,7 @@ from pathlib import Path
 from trainers.checkpoint import schema
 from trainers.config.flags import parse_data_root
 from trainers.config.settings import TrainConfig, saved_settings
+from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml
@@ -165,6 +166,7 @@ def pack(run_dir: Path, remaps: tuple[tuple[str, str], ...] = ()) -> list[str]:
     return lines
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Copy a run's tokenizer and config into its run directory (and "
                                                  "record them in inputs.json), so the run resumes wherever it moves.")

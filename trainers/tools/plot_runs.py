@@ -37,6 +37,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from trainers.checkpoint import schema  # noqa: E402
+from trainers.console_streams import quiet_broken_pipes  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 from trainers.torch_files import CheckpointError  # noqa: E402
@@ -267,6 +268,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.out.is_dir():

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.run.sample_sets import SAMPLES_DIR, SampleSet, read_step
 from trainers.tools import indextts_upstream as upstream_tts
@@ -166,6 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:

@@ -57,8 +57,7 @@ class WarmupCosine:
         warmup = f"warmup {_steps(self.warmup_steps)} to {self.base_lr:.4g}, " if self.warmup_steps else \
             f"{self.base_lr:.4g}, "
         if self.decay_steps <= self.warmup_steps:
-            return f"{warmup}then {self.floor:.4g} from step {self.end_step} (the warmup is not shorter than the " \
-                   f"horizon {self.decay_steps})"
+            return f"{warmup}then {self.floor:.4g} from step {self.end_step}"  # no cosine: the horizon is in the warmup
         return f"{warmup}cosine to {self.floor:.4g} at step {self.decay_steps}"
 
 

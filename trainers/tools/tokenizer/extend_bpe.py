@@ -56,6 +56,7 @@ from typing import Callable, Iterable, Sequence
 
 import sentencepiece as spm
 
+from trainers.console_streams import quiet_broken_pipes
 from trainers.tools.tokenizer import sp_model_proto as proto
 from trainers.tools.tokenizer.new_files import create_beside
 from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
@@ -881,6 +882,7 @@ def setup_logging() -> None:
     log.propagate = False
 
 
+@quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from trainers.console_streams import quiet_broken_pipes
 from trainers.tools.tokenizer.retokenize_errors import Refusal, WriteFailure
 from trainers.tools.tokenizer.retokenize_front_end import (
     APPLIED_FRONT_END, SKIPPED_NORMALISATION, TiktokenLines, Tokenizer, load_any_tokenizer,
@@ -233,6 +234,7 @@ def parse_config(argv: Sequence[str] | None) -> Config:
                   args.language)
 
 
+@quiet_broken_pipes()
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         retokenize(parse_config(argv))
