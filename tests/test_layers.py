@@ -7,7 +7,8 @@ The layers, bottom to top:
               them), trainers.files (generic file helpers: fsync of a directory, atomic text
               writes, file identity and sha256, the OSError in an exception chain),
               trainers.torch_files (a durable torch.save, a safe torch.load), trainers.stop_signals
-              (stop signals; no torch), trainers.faults (fault injection for the tests)
+              (stop signals; no torch), trainers.faults (fault injection for the tests),
+              trainers.console_streams (stdout/stderr whose reader may leave: `| head`)
   config      trainers.config: flags, settings and their bounds, the config.yaml keys inference reads
   model       trainers.model: the GPT, its weights, vocabulary and the demo base
   data        trainers.data: manifests, the sample table, features, the step order, loaders
@@ -38,7 +39,7 @@ SOURCES = ("trainers", "tools")  # the folders whose modules are checked, relati
 # package's own __init__ only.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("trainers", "trainers.errors", "trainers.files", "trainers.torch_files", "trainers.stop_signals",
-              "trainers.faults")),
+              "trainers.faults", "trainers.console_streams")),
     ("config", ("trainers.config",)),
     ("model", ("trainers.model",)),
     ("data", ("trainers.data",)),
