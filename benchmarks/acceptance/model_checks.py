@@ -160,10 +160,10 @@ def _pass(model: UnifiedVoiceGPT, device: str, dtype: torch.dtype | None,
             "grad_norm": float(norm)}
 
 
-def _worst_grads(grads: dict, exact: dict, norm: float, n: int = 3) -> dict[str, float]:
+def _worst_grads(grads: dict, reference: dict, norm: float, n: int = 3) -> dict[str, float]:
     """The parameters whose gradients are furthest from the reference's, as a share of the global norm: which
     kernel computes something else, when one does."""
-    far = sorted(((float((g - exact[k].to(g.device)).double().norm()) / norm, k) for k, g in grads.items()),
+    far = sorted(((float((g - reference[k].to(g.device)).double().norm()) / norm, k) for k, g in grads.items()),
                  reverse=True)[:n]
     return {k: float(f"{d:.2e}") for d, k in far}
 
