@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from tests.slowness import scaled
 import torch
+import torch._dynamo  # noqa: F401  (the optimizer's first call imports it: 1.5 s of CPU in every fork otherwise)
 import torch.distributed.run
 
 import trainers.cli
