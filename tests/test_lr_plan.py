@@ -2,13 +2,16 @@
 never trains on at the floor without a warning, and resumes exactly in the middle of a re-warm."""
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
 import torch
 
 from tests.demo_runs import final_state, train_here
+from tests.test_console import assert_lines_fit
 
+PREFIX = r"\S+ \S+ INFO "  # a log line's time and level
 FLAGS = ["--batch-size", "16", "--val-interval", "0", "--max-val-batches", "1", "--log-interval", "1",
          "--keep-checkpoints", "1", "--save-interval", "100"]
 
@@ -54,9 +57,13 @@ def test_rewarm_rises_back_to_the_peak_then_decays_to_the_new_end(finished_at_lr
     assert at_16.lr_schedule["continuations"] == [{"kind": "rewarm", "start_step": 8, "end_step": 16,
                                                    "start_lr": rates[8], "peak_lr": 3e-3, "warmup_steps": 2,
                                                    "floor": 0.0}]
-    # The start-up summary states the schedule in force, not the old horizon.
-    assert ("training to step 16; learning rate: warmup 2 steps to 0.003, cosine to 0 at step 8; from step 8 a "
-            "re-warm from 0.000201 to 0.003 over 2 steps, cosine to 0 at step 16 (--rewarm)") in extended.stderr
+    # The start-up summary states the schedule in force, not the old horizon, in lines of at most 120 characters
+    # (they were one of 208 characters).
+    assert re.search(r"training to step 16; learning rate: warmup 2 steps to 0\.003, cosine to 0 at step 8\n"
+                     rf"{PREFIX}learning rate: from step 8 a re-warm from 0\.000201 to 0\.003 over 2 steps \(--rewarm\)\n"
+                     rf"{PREFIX}learning rate: then a cosine to 0 at step 16\n", extended.stderr), extended.stderr
+    assert re.search(r"learning rate: the first step after the resume trains at 0\.0016", extended.stderr)
+    assert_lines_fit(extended.stderr, finished_at_lr_0.parent)
 
 
 def test_a_resume_in_the_middle_of_a_rewarm_is_bit_identical(finished_at_lr_0, tmp_path):
@@ -104,8 +111,11 @@ def test_reconfigure_scheduler_continues_from_the_last_rate_and_trains(finished_
     assert at_16.step == 16 and not torch.equal(at_16.model["mel_head.weight"], at_8.model["mel_head.weight"])
     # The continuation is part of the saved schedule: a later resume keeps it without the flag.
     assert at_16.lr_schedule["continuations"][0]["start_step"] == 8
-    assert ("training to step 16; learning rate: warmup 2 steps to 0.003, cosine to 0 at step 8; from step 8 a "
-            "cosine from the last rate 0.000201 to 0 at step 16 (--reconfigure-scheduler)") in extended.stderr
+    assert re.search(r"training to step 16; learning rate: warmup 2 steps to 0\.003, cosine to 0 at step 8\n"
+                     rf"{PREFIX}learning rate: from step 8 a cosine from the last rate 0\.000201 "
+                     r"\(--reconfigure-scheduler\)\n"
+                     rf"{PREFIX}learning rate: the cosine reaches 0 at step 16\n", extended.stderr), extended.stderr
+    assert_lines_fit(extended.stderr, finished_at_lr_0.parent)
 
 
 def test_a_changed_horizon_says_how_far_the_rate_jumps(finished_at_lr_0):

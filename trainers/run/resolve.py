@@ -331,11 +331,11 @@ def _saved_hardware_settings(saved: SavedRun, machine: str, given: dict[str, Any
         return {}
     flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in sorted(chosen.items()))
     if saved.machine == machine:
-        log.info("reusing %s saved with this run (same machine: %s); pass the flag again to change it, 0 or auto "
-                 "for the automatic choice", flags, machine)
+        log.info("reusing %s saved with this run (same machine: %s)", flags, machine)
+        log.info("to change it, pass the flag again (0 or auto: the automatic choice)")
         return chosen
-    log.info("not reusing %s: the run saved it on %s, this is %s; choosing automatically (pass the flags to set them)",
-             flags, saved.machine or "an unknown machine", machine)
+    log.info("not reusing %s: the run saved it on %s, this is %s", flags, saved.machine or "an unknown machine", machine)
+    log.info("choosing automatically; pass the flags to set them")
     return {}
 
 

@@ -114,7 +114,8 @@ def _differences(before: schema.Checkpoint, after: schema.Checkpoint) -> list[st
             if c.key not in WHERE_FILES_ARE]
     if before.lr_schedule != after.lr_schedule:
         schedule = LRSchedule.from_state_dict(after.lr_schedule)
-        said.append(f"learning rate {schedule.continuations[-1].describe() if schedule.continuations else 'as configured'}")
+        said += ([f"learning rate {line}" for line in schedule.continuations[-1].describe()] if schedule.continuations
+                 else ["learning rate as configured"])
     return said
 
 

@@ -23,6 +23,12 @@ from trainers.training.optimization import configured_schedule
 log = logging.getLogger("train")
 
 
+def log_lines(form: str, lines: tuple[str, ...]) -> None:
+    """A schedule's description (LRSchedule.describe), a log line each."""
+    for line in lines:
+        log.info(form, line)
+
+
 def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int, cmd: CommandLine) -> LRSchedule:
     configured = configured_schedule(cfg.settings)
     schedule = adopt_schedule(saved, configured, step) if saved else configured
@@ -31,8 +37,8 @@ def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int,
         if saved is None:
             log.info("%s applies when resuming; this run starts at step 0 with its planned schedule", flag)
         elif end > step and _already_planned(schedule, step, end, cmd):
-            log.info("learning rate: the saved schedule already holds this %s continuation (%s); it goes on as saved",
-                     flag, schedule.continuations[-1].describe())
+            log.info("learning rate: the saved schedule already holds this %s continuation; it goes on as saved", flag)
+            log_lines("learning rate: %s", schedule.continuations[-1].describe())
         elif end > step:
             schedule = _extended(schedule, step, end, cmd)
         return schedule
@@ -73,8 +79,9 @@ def default_rewarm_steps(schedule: LRSchedule, step: int, end: int) -> int:
 def _extended(schedule: LRSchedule, step: int, end: int, cmd: CommandLine) -> LRSchedule:
     if cmd.reconfigure_scheduler:
         schedule = schedule.continued(step, end)
-        log.info("learning rate: a new cosine from step %d (%.4g, the rate of the last step) down to %.4g at step "
-                 "%d (--reconfigure-scheduler)", step, schedule.lr_at(step), schedule.floor, end)
+        log.info("learning rate: a new cosine from step %d down to %.4g at step %d (--reconfigure-scheduler)", step,
+                 schedule.floor, end)
+        log.info("learning rate: it starts at %.4g, the rate of the last step", schedule.lr_at(step))
         return schedule
     peak = cmd.rewarm_lr if cmd.rewarm_lr is not None else schedule.base.base_lr
     rise = cmd.rewarm_steps if cmd.rewarm_steps is not None else default_rewarm_steps(schedule, step, end)
@@ -83,8 +90,8 @@ def _extended(schedule: LRSchedule, step: int, end: int, cmd: CommandLine) -> LR
                         f"so the rate would never come down from its peak; pass --rewarm-steps below {end - step}, or "
                         "leave it out for the default (the run's --warmup-steps, at most a quarter of the extension)")
     schedule = schedule.rewarmed(step, end, peak, rise)
-    log.info("learning rate: %s; the first step after the resume trains at %.4g", schedule.continuations[-1].describe(),
-             schedule.lr_at(step))
+    log_lines("learning rate: %s", schedule.continuations[-1].describe())
+    log.info("learning rate: the first step after the resume trains at %.4g", schedule.lr_at(step))
     return schedule
 
 

@@ -34,7 +34,7 @@ from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.run_plan import plan_record
 from trainers.run.sample_sets import refuse_unusable_folder
-from trainers.run.schedule import plan_schedule
+from trainers.run.schedule import log_lines, plan_schedule
 from trainers.run.validation_generation import ValidationGeneration
 from trainers.run.run_dir import (
     locate_run, read_saved_run, refuse_another_runs_checkpoint, run_dir_of, warn_new_run, write_start_files,
@@ -278,6 +278,8 @@ def log_summary(run: Run) -> None:
                         run.model.prefix_len + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
     log.info("run directory %s", run.cfg.run_dir)
-    log.info("training to step %d; learning rate: %s", run.total_steps, schedule.describe())
+    first, *more = schedule.describe()
+    log.info("training to step %d; learning rate: %s", run.total_steps, first)
+    log_lines("learning rate: %s", tuple(more))
     if run.total_steps > schedule.end_step:
         log.info("learning rate: the floor %.4g from step %d on", schedule.floor, schedule.end_step)

@@ -53,12 +53,12 @@ class WarmupCosine:
         span = max(1, self.decay_steps - self.warmup_steps)
         return _cosine(self.base_lr, self.floor, (step - self.warmup_steps) / span)
 
-    def describe(self) -> str:
+    def describe(self) -> tuple[str, ...]:
         warmup = f"warmup {_steps(self.warmup_steps)} to {self.base_lr:.4g}, " if self.warmup_steps else \
             f"{self.base_lr:.4g}, "
         if self.decay_steps <= self.warmup_steps:
-            return f"{warmup}then {self.floor:.4g} from step {self.end_step}"  # no cosine: the horizon is in the warmup
-        return f"{warmup}cosine to {self.floor:.4g} at step {self.decay_steps}"
+            return (f"{warmup}then {self.floor:.4g} from step {self.end_step}",)  # no cosine: the horizon is in the warmup
+        return (f"{warmup}cosine to {self.floor:.4g} at step {self.decay_steps}",)
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,9 @@ class Continuation:
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)  # no "kind": the form every trainer version wrote and reads
 
-    def describe(self) -> str:
-        return (f"from step {self.start_step} a cosine from the last rate {self.start_lr:.4g} to {self.floor:.4g} at "
-                f"step {self.end_step} (--reconfigure-scheduler)")
+    def describe(self) -> tuple[str, ...]:
+        return (f"from step {self.start_step} a cosine from the last rate {self.start_lr:.4g} (--reconfigure-scheduler)",
+                f"the cosine reaches {self.floor:.4g} at step {self.end_step}")
 
 
 @dataclass(frozen=True)
@@ -103,9 +103,9 @@ class Rewarm:
     def state_dict(self) -> dict[str, Any]:
         return {"kind": REWARM, **asdict(self)}
 
-    def describe(self) -> str:
+    def describe(self) -> tuple[str, ...]:
         return (f"from step {self.start_step} a re-warm from {self.start_lr:.4g} to {self.peak_lr:.4g} over "
-                f"{_steps(self.warmup_steps)}, cosine to {self.floor:.4g} at step {self.end_step} (--rewarm)")
+                f"{_steps(self.warmup_steps)} (--rewarm)", f"then a cosine to {self.floor:.4g} at step {self.end_step}")
 
 
 Extension = Union[Continuation, Rewarm]
@@ -164,9 +164,10 @@ class LRSchedule:
         rewarm = Rewarm(step, end_step, start_lr, peak_lr, warmup_steps, self.floor)
         return LRSchedule(self.base, (*self.continuations, rewarm))
 
-    def describe(self) -> str:
-        """The whole schedule in words, for the start-up summary."""
-        return "; ".join([self.base.describe(), *(c.describe() for c in self.continuations)])
+    def describe(self) -> tuple[str, ...]:
+        """The whole schedule in words, a log line's worth each (lines of at most 120 characters), for the start-up
+        summary."""
+        return (*self.base.describe(), *(line for c in self.continuations for line in c.describe()))
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "warmup_cosine", **asdict(self.base),
