@@ -135,6 +135,15 @@ def family_run(family_assets: list[str], request, fixture: str, tmp_path_factory
     return out
 
 
+def assert_lines_fit(text: str, *places: Path) -> None:
+    """Every line of a trainer's log at most 120 characters, a path under one of `places` counted as RUN (the
+    user's paths are what they are). tqdm's bar is not drawn without a terminal, so no line is the terminal's width."""
+    for place in places:
+        text = text.replace(str(place), "RUN")
+    for line in text.splitlines():
+        assert len(line) <= 120, line
+
+
 def final_state(out: Path) -> schema.Checkpoint:
     return schema.read(out / "latest.pth")
 

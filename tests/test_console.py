@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.demo_runs import FAULT_VARS, small_corpus_flags, train_here
+from tests.demo_runs import FAULT_VARS, assert_lines_fit, small_corpus_flags, train_here
 
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (INFO|WARNING|ERROR) ")
 
@@ -68,21 +68,11 @@ def demo_resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, s
     return out, first.stderr, resumed.stderr
 
 
-def assert_lines_fit(text: str, *places: Path) -> None:
-    """Every line at most 120 characters, a path under one of `places` counted as RUN (the user's paths are what
-    they are). tqdm's bar is not drawn without a terminal, so no line here is the terminal's width."""
-    for place in places:
-        text = text.replace(str(place), "RUN")
-    for line in text.splitlines():
-        assert len(line) <= 120, line
-
-
 def test_log_lines_are_at_most_120_characters_besides_the_run_directory(demo_resumed):
     """8 of 19 lines of a normal run were longer (one 369)."""
     out, *logs = demo_resumed
     for log in logs:
-        for line in log.splitlines():
-            assert len(line.replace(str(out), "RUN")) <= 120, line
+        assert_lines_fit(log, out)
 
 
 def test_a_demo_resume_says_each_thing_once(demo_resumed):

@@ -8,8 +8,7 @@ import shutil
 import pytest
 import torch
 
-from tests.demo_runs import final_state, train_here
-from tests.test_console import assert_lines_fit
+from tests.demo_runs import assert_lines_fit, final_state, train_here
 
 PREFIX = r"\S+ \S+ INFO "  # a log line's time and level
 FLAGS = ["--batch-size", "16", "--val-interval", "0", "--max-val-batches", "1", "--log-interval", "1",

@@ -12,6 +12,7 @@ resumes exactly.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 
 from trainers.config.flags import CommandLine
@@ -23,7 +24,7 @@ from trainers.training.optimization import configured_schedule
 log = logging.getLogger("train")
 
 
-def log_lines(form: str, lines: tuple[str, ...]) -> None:
+def log_lines(form: str, lines: Sequence[str]) -> None:
     """A schedule's description (LRSchedule.describe), a log line each."""
     for line in lines:
         log.info(form, line)

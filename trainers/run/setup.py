@@ -280,6 +280,6 @@ def log_summary(run: Run) -> None:
     log.info("run directory %s", run.cfg.run_dir)
     first, *more = schedule.describe()
     log.info("training to step %d; learning rate: %s", run.total_steps, first)
-    log_lines("learning rate: %s", tuple(more))
+    log_lines("learning rate: %s", more)
     if run.total_steps > schedule.end_step:
         log.info("learning rate: the floor %.4g from step %d on", schedule.floor, schedule.end_step)
