@@ -46,20 +46,24 @@ def started_demo(tmp_path_factory: pytest.TempPathFactory, family: str) -> Itera
 
 
 @pytest.fixture(scope="module")
-def plain_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Path]]:
+def demos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Callable[[], Path]]]:
+    """Both families' README demo commands, started together by the module's first test: the one asked for last
+    would otherwise start when the suite's other tests are done and run alone on an idle machine."""
+    started = {family: started_demo(tmp_path_factory, family) for family in DEMO_COMMANDS}
+    yield {family: next(run) for family, run in started.items()}
+    for run in started.values():
+        next(run, None)
+
+
+@pytest.fixture
+def plain_demo(demos: dict[str, Callable[[], Path]]) -> Callable[[], Path]:
     """The README's demo command (IndexTTS2)."""
-    yield from started_demo(tmp_path_factory, "indextts2")
-
-
-@pytest.fixture(scope="module")
-def demo25(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Path]]:
-    """The README's IndexTTS-2.5 demo command."""
-    yield from started_demo(tmp_path_factory, "indextts25")
+    return demos["indextts2"]
 
 
 @pytest.fixture(params=list(DEMO_COMMANDS))
-def family_demo(request: pytest.FixtureRequest) -> tuple[str, Callable[[], Path]]:
-    return request.param, request.getfixturevalue("plain_demo" if request.param == "indextts2" else "demo25")
+def family_demo(request: pytest.FixtureRequest, demos: dict[str, Callable[[], Path]]) -> tuple[str, Callable[[], Path]]:
+    return request.param, demos[request.param]
 
 
 def final_val_mel_loss(out: Path) -> float:
