@@ -203,6 +203,36 @@ def test_a_packed_run_resumes_anywhere_without_a_remap(demo_assets, reference, t
     assert_same_training(reference, run, STEPS)
 
 
+def test_a_packed_indextts25_run_carries_its_tiktoken_file_and_config(demo25_assets, tmp_path, capsys):
+    """IndexTTS-2.5's tokenizer is a .tiktoken file, its config another gpt section: pack_run copies both and checks
+    them as the trainer would (the family reads the vocabulary size from the file); the moved run, its tokenizer
+    and config gone from the data folder, resumes from the copies to its last step."""
+    data = tmp_path / "data"
+    source = Path(demo25_assets[demo25_assets.index("--tokenizer") + 1])
+    shutil.copytree(source.parent, data)
+    shutil.copy(REPO / "checkpoints" / "demo25.yaml", data / "demo25.yaml")
+    flags = ["--demo", "--config", str(data / "demo25.yaml"), "--train-manifest", str(data / "train.jsonl"),
+             "--val-manifest", str(data / "val.jsonl"), "--tokenizer", str(data / source.name),
+             "--base-checkpoint", str(data / "base_gpt.pth")]
+    short = ["--batch-size", "4", "--max-steps", "4", "--save-interval", "2", "--val-interval", "0",
+             "--log-interval", "100", "--warmup-steps", "2"]
+    stopped = train_here(tmp_path / "a" / "run", *flags, *short, kill_at="SIGTERM@micro:3:0")
+    assert stopped.returncode == 143, stopped.stderr
+
+    assert pack_main([str(tmp_path / "a" / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"copied: --tokenizer {data / source.name} -> inputs/{source.name}" in out, out
+    assert f"copied: --config {data / 'demo25.yaml'} -> inputs/demo25.yaml" in out, out
+    for name in (source.name, "demo25.yaml", "base_gpt.pth"):
+        (data / name).unlink()
+    run = tmp_path / "b" / "run"
+    copy_run(tmp_path / "a" / "run", run)
+    resumed = train_here(run, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"input moved: --tokenizer {data / source.name} -> {run / 'inputs' / source.name} (packed" in resumed.stderr
+    assert final_state(run).step == 4 and final_state(run).model_family == "indextts25"
+
+
 def test_a_run_without_a_checkpoint_needs_its_base_checkpoint_and_pack_copies_it(demo_assets, reference, tmp_path,
                                                                                  capsys):
     old_data, new_data = tmp_path / "a" / "data", tmp_path / "b" / "data"
