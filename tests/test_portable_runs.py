@@ -176,6 +176,17 @@ def test_missing_inputs_are_reported_all_at_once_with_the_flags_that_fix_them(de
     assert not (run / INPUTS_FILE).exists()
 
 
+def resume_packed_elsewhere(packed: Path, run: Path, data: Path, tokenizer: str, config: str) -> None:
+    """The packed run copied to `run` and resumed there, its tokenizer, config and base checkpoint gone from the data
+    folder (only the data stays behind): the trainer finds the copies inside the run directory."""
+    for name in (tokenizer, config, "base_gpt.pth"):
+        (data / name).unlink()
+    copy_run(packed, run)
+    resumed = train_here(run, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"input moved: --tokenizer {data / tokenizer} -> {run / 'inputs' / tokenizer} (packed" in resumed.stderr
+
+
 def test_a_packed_run_resumes_anywhere_without_a_remap(demo_assets, reference, tmp_path, capsys):
     data = tmp_path / "data"
     flags = copy_data(demo_assets, data)
@@ -193,13 +204,8 @@ def test_a_packed_run_resumes_anywhere_without_a_remap(demo_assets, reference, t
     assert pack_main([str(tmp_path / "a" / "run")]) == 0  # again: nothing to copy
     assert "already inside the run directory: --tokenizer inputs/bpe.model" in capsys.readouterr().out
 
-    for name in ("bpe.model", "demo.yaml", "base_gpt.pth"):  # only the data stays behind
-        (data / name).unlink()
     run = tmp_path / "b" / "run"
-    copy_run(tmp_path / "a" / "run", run)
-    resumed = train_here(run, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"input moved: --tokenizer {data / 'bpe.model'} -> {run / 'inputs' / 'bpe.model'} (packed" in resumed.stderr
+    resume_packed_elsewhere(tmp_path / "a" / "run", run, data, "bpe.model", "demo.yaml")
     assert_same_training(reference, run, STEPS)
 
 
@@ -223,13 +229,8 @@ def test_a_packed_indextts25_run_carries_its_tiktoken_file_and_config(demo25_ass
     out = capsys.readouterr().out
     assert f"copied: --tokenizer {data / source.name} -> inputs/{source.name}" in out, out
     assert f"copied: --config {data / 'demo25.yaml'} -> inputs/demo25.yaml" in out, out
-    for name in (source.name, "demo25.yaml", "base_gpt.pth"):
-        (data / name).unlink()
     run = tmp_path / "b" / "run"
-    copy_run(tmp_path / "a" / "run", run)
-    resumed = train_here(run, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"input moved: --tokenizer {data / source.name} -> {run / 'inputs' / source.name} (packed" in resumed.stderr
+    resume_packed_elsewhere(tmp_path / "a" / "run", run, data, source.name, "demo25.yaml")
     assert final_state(run).step == 4 and final_state(run).model_family == "indextts25"
 
 
