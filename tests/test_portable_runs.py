@@ -36,14 +36,16 @@ def reference(demo_assets: list[str], tmp_path_factory: pytest.TempPathFactory) 
 
 
 def copy_data(demo_assets: list[str], to: Path) -> list[str]:
-    """The demo corpus, tokenizer, base checkpoint and a copy of the demo config in the folder `to`,
-    and the flags naming them there."""
-    source = Path(demo_assets[demo_assets.index("--tokenizer") + 1]).parent
-    shutil.copytree(source, to)
-    shutil.copy(REPO / "checkpoints" / "demo.yaml", to / "demo.yaml")
+    """A family's demo corpus, tokenizer, base checkpoint and a copy of its config (IndexTTS2's demo.yaml where the
+    flags name none) in the folder `to`, and the flags naming them there."""
+    tokenizer = Path(demo_assets[demo_assets.index("--tokenizer") + 1])
+    config = Path(demo_assets[demo_assets.index("--config") + 1]) if "--config" in demo_assets else \
+        REPO / "checkpoints" / "demo.yaml"
+    shutil.copytree(tokenizer.parent, to)
+    shutil.copy(config, to / config.name)
     return ["--demo", "--train-manifest", str(to / "train.jsonl"), "--val-manifest", str(to / "val.jsonl"),
-            "--tokenizer", str(to / "bpe.model"), "--base-checkpoint", str(to / "base_gpt.pth"),
-            "--config", str(to / "demo.yaml")]
+            "--tokenizer", str(to / tokenizer.name), "--base-checkpoint", str(to / "base_gpt.pth"),
+            "--config", str(to / config.name)]
 
 
 def copy_run(source: Path, target: Path) -> None:
@@ -214,12 +216,8 @@ def test_a_packed_indextts25_run_carries_its_tiktoken_file_and_config(demo25_ass
     them as the trainer would (the family reads the vocabulary size from the file); the moved run, its tokenizer
     and config gone from the data folder, resumes from the copies to its last step."""
     data = tmp_path / "data"
-    source = Path(demo25_assets[demo25_assets.index("--tokenizer") + 1])
-    shutil.copytree(source.parent, data)
-    shutil.copy(REPO / "checkpoints" / "demo25.yaml", data / "demo25.yaml")
-    flags = ["--demo", "--config", str(data / "demo25.yaml"), "--train-manifest", str(data / "train.jsonl"),
-             "--val-manifest", str(data / "val.jsonl"), "--tokenizer", str(data / source.name),
-             "--base-checkpoint", str(data / "base_gpt.pth")]
+    flags = copy_data(demo25_assets, data)
+    source = Path(flags[flags.index("--tokenizer") + 1])
     short = ["--batch-size", "4", "--max-steps", "4", "--save-interval", "2", "--val-interval", "0",
              "--log-interval", "100", "--warmup-steps", "2"]
     stopped = train_here(tmp_path / "a" / "run", *flags, *short, kill_at="SIGTERM@micro:3:0")
@@ -231,7 +229,8 @@ def test_a_packed_indextts25_run_carries_its_tiktoken_file_and_config(demo25_ass
     assert f"copied: --config {data / 'demo25.yaml'} -> inputs/demo25.yaml" in out, out
     run = tmp_path / "b" / "run"
     resume_packed_elsewhere(tmp_path / "a" / "run", run, data, source.name, "demo25.yaml")
-    assert final_state(run).step == 4 and final_state(run).model_family == "indextts25"
+    ended = final_state(run)
+    assert ended.step == 4 and ended.model_family == "indextts25"
 
 
 def test_a_run_without_a_checkpoint_needs_its_base_checkpoint_and_pack_copies_it(demo_assets, reference, tmp_path,
