@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainers.config.manifest_flags import manifest_flag
 from trainers.data.manifest import (
     DataLimits,
     ManifestError,
@@ -90,6 +91,16 @@ def problems_of(excinfo) -> list[str]:
 def test_parse_spec_with_and_without_language():
     assert parse_manifest_spec("data/train.jsonl::am") == ManifestSpec(Path("data/train.jsonl"), "am")
     assert parse_manifest_spec("data/train.jsonl") == ManifestSpec(Path("data/train.jsonl"), None)
+    assert parse_manifest_spec("data/zh.jsonl::zh@0.2") == ManifestSpec(Path("data/zh.jsonl"), "zh")  # a replay's
+
+
+def test_a_manifest_flag_is_read_in_one_place():
+    """PATH[::LANG[@SHARE]]: the language after the last '::', a share after its last '@' (trainers/config)."""
+    one = manifest_flag("/d/a::b.jsonl::zh@0.2")
+    assert (one.path, one.lang, one.share, one.manifest) == ("/d/a::b.jsonl", "zh", "0.2", "/d/a::b.jsonl::zh")
+    assert one.moved("/e/c.jsonl") == "/e/c.jsonl::zh@0.2"
+    assert (manifest_flag("x@2.jsonl").path, manifest_flag("x@2.jsonl").share) == ("x@2.jsonl", None)
+    assert (manifest_flag("v.jsonl::en").lang, manifest_flag("v.jsonl::en").share) == ("en", None)
 
 
 @pytest.mark.parametrize("spec", ["data/train.jsonl::", "data/train.jsonl::  ", "::am"])

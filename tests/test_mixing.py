@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainers.data.features import FeatureSpec
-from trainers.data.mixing import Replay, build_mixing, samples_per_step, share_problems, split_share
+from trainers.data.mixing import Replay, build_mixing, samples_per_step, share_problems
 from trainers.data.sample_table import Sample, SampleTable
 from trainers.data.train_data import TrainData
 from trainers.errors import UserError
@@ -41,12 +41,6 @@ def mixed(grouped: bool = False, batch: int = 16, specs=SPECS, sizes=TWO, train_
 
 def manifest_of(data: TrainData, row: int) -> str:
     return data.samples.manifest_names[int(data.samples.arrays["manifest"][row])]
-
-
-def test_a_share_follows_the_language_and_the_manifest_keeps_its_language():
-    one = split_share("/d/zh.jsonl::zh@0.2")
-    assert one.manifest == "/d/zh.jsonl::zh" and one.share == Fraction(1, 5)
-    assert split_share("/d/new.jsonl::am").share is None and split_share("/d/x@2.jsonl").share is None
 
 
 @pytest.mark.parametrize("specs, expected", [

@@ -145,6 +145,14 @@ def test_lr_out_of_range_is_refused_by_the_range_check(tmp_path, demo_assets):
     assert "expected one argument" not in err
 
 
+def test_a_share_on_a_validation_manifest_is_refused_naming_the_flag(tmp_path, demo_assets):
+    """A share draws part of every training step: on --val-manifest it means nothing (IndexTTS2 took 'base@0.5' for
+    the language's name, in the logs and metrics)."""
+    val = flag_value(demo_assets, "--val-manifest")
+    flags = [f"{val}::base@0.5" if flag == val else flag for flag in demo_assets]
+    assert_refused(tmp_path / "run", [*flags, "--max-steps", "1"], f"--val-manifest {val}::base@0.5: a share (@0.5)")
+
+
 def test_every_flag_of_the_readme_table_is_a_whole_flag_name():
     """The flag table of docs/flags.md (the community trainer's flags and ours) against the parser, which
     no longer completes abbreviations: a flag missing from the parser would now be refused."""

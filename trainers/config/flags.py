@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Sequence
 from trainers.config.bounds import (
     BOUNDS, PLAN_BOUNDS, bounded_number, flag_of, parses_as_number, real_number, whole_number,
 )
+from trainers.config.manifest_flags import absolute_manifest
 from trainers.config.settings import AMP_MODES, BEST_METRICS, LORA_TARGET_PATHS, TrainConfig
 
 
@@ -346,7 +347,7 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
     tokenizer_check = not ns.pop("no_tokenizer_check", False)
     for key in ("train_manifests", "val_manifests"):
         if key in ns:
-            ns[key] = tuple(_absolute_spec(s) for s in ns[key])
+            ns[key] = tuple(absolute_manifest(s) for s in ns[key])
     if "base_languages" in ns:
         ns["base_languages"] = tuple(dict.fromkeys(lang.strip() for lang in ns["base_languages"]))
     for key in ("tokenizer", "config", "base_checkpoint", "output_dir"):
@@ -357,7 +358,3 @@ def parse_command_line(argv: Sequence[str] | None = None) -> CommandLine:
                        rewarm_steps=rewarm_steps, data_roots=data_roots, additional_epochs=additional,
                        scale_lr=scale_lr, dist_timeout=dist_timeout, tokenizer_check=tokenizer_check)
 
-
-def _absolute_spec(spec: str) -> str:
-    path, sep, lang = spec.partition("::")
-    return os.path.abspath(path) + (sep + lang if sep else "")

@@ -21,6 +21,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from trainers.config.manifest_flags import manifest_flag
 from trainers.data.manifest_lines import DataLimits, FileContext, Validator, check_line
 from trainers.data.sample_table import Sample, SampleTable, StringPool
 
@@ -30,7 +31,6 @@ __all__ = ["DataLimits", "ManifestError", "ManifestSpec", "Sample", "SampleTable
 logger = logging.getLogger(__name__)
 
 MAX_LISTED_PROBLEMS = 30
-_LANG_SEPARATOR = "::"
 _HASH_CHUNK = 1 << 20
 
 
@@ -60,19 +60,16 @@ class ManifestSpec:
 
 
 def parse_manifest_spec(spec: str) -> ManifestSpec:
-    """Split "PATH::LANG" into a ManifestSpec; without "::" the language is None."""
-    path_part, sep, lang = spec.rpartition(_LANG_SEPARATOR)
-    if not sep:
-        path_part, lang_value = spec, None
-    else:
-        lang_value = lang.strip()
-        if not lang_value:
-            raise ManifestError(
-                [f"{spec}: empty language after '::'; write PATH::LANG (e.g. data/train.jsonl::am) or drop the suffix"]
-            )
-    if not path_part.strip():
+    """Split "PATH::LANG" into a ManifestSpec; without "::" the language is None (a replay share, PATH::LANG@SHARE,
+    is the mixing's: trainers/data/mixing.py)."""
+    one = manifest_flag(spec)
+    lang = None if one.lang is None else one.lang.strip()
+    if lang == "":
+        raise ManifestError(
+            [f"{spec}: empty language after '::'; write PATH::LANG (e.g. data/train.jsonl::am) or drop the suffix"])
+    if not one.path.strip():
         raise ManifestError([f"{spec}: empty manifest path; write PATH or PATH::LANG"])
-    return ManifestSpec(path=Path(path_part), lang=lang_value)
+    return ManifestSpec(path=Path(one.path), lang=lang)
 
 
 def _lines(spec: ManifestSpec, flag: str, out: list[str]) -> Iterator[tuple[int, bytes]]:

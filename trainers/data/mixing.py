@@ -38,34 +38,14 @@ from typing import Sequence
 
 import numpy as np
 
+from trainers.config.manifest_flags import ManifestFlag, manifest_flag
 from trainers.data.manifest import parse_manifest_spec
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 
 FLAG = "--train-manifest"
-_SHARE_SEPARATOR = "@"
-_LANG_SEPARATOR = "::"
 _REPLAY_KEY = 0x4E9A7  # keys the replay cycles apart from every epoch order and the training subset
 _LOOKS_LIKE_A_SHARE = re.compile(r"@[-+]?[0-9.][0-9.eE+-]*$")
-
-
-@dataclass(frozen=True)
-class ShareSpec:
-    """One --train-manifest value split into the manifest (PATH or PATH::LANG) and its share (None: target)."""
-
-    given: str
-    manifest: str
-    share: Fraction | None
-
-
-def split_share(spec: str) -> ShareSpec:
-    """'F::zh@0.2' -> ShareSpec('F::zh@0.2', 'F::zh', 0.2); a spec without '@SHARE' after its language is a target.
-    A malformed share is kept as given (share_problems names it)."""
-    path, sep, lang = spec.rpartition(_LANG_SEPARATOR)
-    if not sep or _SHARE_SEPARATOR not in lang:
-        return ShareSpec(spec, spec, None)
-    name, _, text = lang.rpartition(_SHARE_SEPARATOR)
-    return ShareSpec(spec, f"{path}{sep}{name}", _fraction(text))
 
 
 def _fraction(text: str) -> Fraction | None:
@@ -75,43 +55,34 @@ def _fraction(text: str) -> Fraction | None:
         return None
 
 
-def manifest_specs(specs: Sequence[str]) -> list[str]:
-    """The manifests (PATH or PATH::LANG) of --train-manifest values, shares removed."""
-    return [split_share(s).manifest for s in specs]
-
-
-def has_shares(specs: Sequence[str]) -> bool:
-    return any(split_share(s).manifest != s for s in specs)
-
-
 def share_problems(specs: Sequence[str]) -> list[str]:
     """What is wrong with the shares of --train-manifest values, one message each (checked before any file is read)."""
     problems = []
-    parsed = [split_share(s) for s in specs]
-    for spec, one in zip(specs, parsed):
-        if one.manifest == spec:
-            if _LANG_SEPARATOR not in spec and _LOOKS_LIKE_A_SHARE.search(spec) and not os.path.exists(spec):
-                problems.append(f"{FLAG} {spec}: a share follows the language: write PATH::LANG@SHARE (e.g. "
+    parsed = [manifest_flag(s) for s in specs]
+    for one in parsed:
+        if one.share is None:
+            if one.lang is None and _LOOKS_LIKE_A_SHARE.search(one.given) and not os.path.exists(one.given):
+                problems.append(f"{FLAG} {one.given}: a share follows the language: write PATH::LANG@SHARE (e.g. "
                                 f"data/zh.jsonl::zh@0.2); a replay manifest needs its language for validation")
             continue
-        text = spec.rpartition(_SHARE_SEPARATOR)[2]
-        if not one.manifest.rpartition(_LANG_SEPARATOR)[2].strip():
-            problems.append(f"{FLAG} {spec}: no language before '@{text}'; write PATH::LANG@SHARE")
-        if one.share is None:
-            problems.append(f"{FLAG} {spec}: the share {text!r} is not a number; write a fraction of each step "
-                            "between 0 and 1, e.g. @0.2")
-        elif not 0 < one.share < 1:
-            problems.append(f"{FLAG} {spec}: the share {text} must be > 0 and < 1 (the fraction of each step's "
-                            "samples drawn from this manifest)")
-    shares = [p.share for p in parsed if p.manifest != p.given and p.share is not None]
-    if shares and all(p.manifest != p.given for p in parsed):
+        if not one.lang.strip():
+            problems.append(f"{FLAG} {one.given}: no language before '@{one.share}'; write PATH::LANG@SHARE")
+        share = _fraction(one.share)
+        if share is None:
+            problems.append(f"{FLAG} {one.given}: the share {one.share!r} is not a number; write a fraction of each "
+                            "step between 0 and 1, e.g. @0.2")
+        elif not 0 < share < 1:
+            problems.append(f"{FLAG} {one.given}: the share {one.share} must be > 0 and < 1 (the fraction of each "
+                            "step's samples drawn from this manifest)")
+    shares = [s for s in (_fraction(p.share) for p in parsed if p.share is not None) if s is not None]
+    if shares and all(p.share is not None for p in parsed):
         problems.append(f"{FLAG}: every manifest has a share, so none sets the epoch; give the new language's "
                         "manifest(s) without @SHARE (they fill the rest of each step)")
     elif shares and all(0 < s < 1 for s in shares) and sum(shares) >= 1:
         problems.append(f"{FLAG}: the shares sum to {float(sum(shares)):g}, leaving no room for the target "
                         "manifest(s) without a share; keep their sum below 1")
-    replays = [p.manifest.rpartition(_LANG_SEPARATOR)[0] for p in parsed if p.manifest != p.given]
-    paths = [p.manifest.rpartition(_LANG_SEPARATOR)[0] or p.manifest for p in parsed]
+    replays = [p.path for p in parsed if p.share is not None]
+    paths = [p.path for p in parsed]
     for path in sorted({p for p in replays if paths.count(p) > 1}):
         problems.append(f"{FLAG} {path}: a replay manifest is given twice; give each manifest once")
     return problems
@@ -184,19 +155,20 @@ class Mixing:
         return "; ".join(f"{r.manifest}::{','.join(r.languages)}@{r.share}" for r in self.replays)
 
     def summary(self) -> str:
-        parts = [f"{r.given.rpartition(_LANG_SEPARATOR)[2]}: {r.per_step} of {len(r.members)} samples" for r in self.replays]
+        given = [manifest_flag(r.given) for r in self.replays]
+        parts = [f"{g.lang}@{g.share}: {r.per_step} of {len(r.members)} samples" for g, r in zip(given, self.replays)]
         return (f"replay per step of {self.effective_batch}: {', '.join(parts)}; target manifests: "
                 f"{self.target_per_step} of {len(self.target)} samples")
 
 
-def _rows_by_flag(parsed: Sequence[ShareSpec], table: SampleTable) -> np.ndarray:
+def _rows_by_flag(parsed: Sequence[ManifestFlag], table: SampleTable) -> np.ndarray:
     """Each training sample's --train-manifest index for replay manifests, -1 for target samples. The table
     numbers manifests by name, in order of first appearance; a replay manifest's name is given once."""
     pool = {name: i for i, name in enumerate(table.manifest_names)}
     flag_of_pool = np.full(len(pool), -1, dtype=np.int64)
     for k, one in enumerate(parsed):
         if one.share is not None:
-            flag_of_pool[pool[str(parse_manifest_spec(one.manifest).path)]] = k
+            flag_of_pool[pool[str(parse_manifest_spec(one.given).path)]] = k
     return flag_of_pool[table.arrays["manifest"]]
 
 
@@ -207,7 +179,7 @@ def build_mixing(specs: Sequence[str], table: SampleTable, effective_batch: int,
     table: the training samples of `specs` in order; validated: the languages among the first `val_count`
     validation samples ("" for none), what validation measures.
     """
-    parsed = [split_share(s) for s in specs]
+    parsed = [manifest_flag(s) for s in specs]  # their shares are numbers in (0, 1): share_problems checked them
     if all(p.share is None for p in parsed):
         return None
     manifest_of_row = _rows_by_flag(parsed, table)
@@ -216,12 +188,12 @@ def build_mixing(specs: Sequence[str], table: SampleTable, effective_batch: int,
     for k, one in enumerate(parsed):
         if one.share is None:
             continue
-        rows = np.flatnonzero(manifest_of_row == k)
-        per_step = samples_per_step(one.share, effective_batch)
+        rows, share = np.flatnonzero(manifest_of_row == k), Fraction(one.share)
+        per_step = samples_per_step(share, effective_batch)
         langs = tuple(sorted("" if c < 0 else table.lang_names[c] for c in np.unique(codes[rows])))
         if per_step == 0:
-            problems.append(f"{FLAG} {one.given}: {one.share} x effective batch {effective_batch} = "
-                            f"{float(one.share * effective_batch):g} samples, which rounds to 0 per step; raise the "
+            problems.append(f"{FLAG} {one.given}: {share} x effective batch {effective_batch} = "
+                            f"{float(share * effective_batch):g} samples, which rounds to 0 per step; raise the "
                             f"share to at least {float(Fraction(1, 2 * effective_batch)):g} or the effective batch")
         elif len(rows) < per_step:
             problems.append(f"{FLAG} {one.given}: its share is {per_step} samples of each step of {effective_batch}, "
@@ -234,7 +206,7 @@ def build_mixing(specs: Sequence[str], table: SampleTable, effective_batch: int,
                             f"measure (its languages among the {val_count} samples validated: {measured}); add "
                             "--val-manifest V::LANG with held-out samples of it (or raise --max-val-batches), or the "
                             "forgetting cannot be seen")
-        replays.append(Replay(k, one.given, one.share, per_step, langs, rows))
+        replays.append(Replay(k, one.given, share, per_step, langs, rows))
     target = np.flatnonzero(manifest_of_row < 0)
     mixing = Mixing(effective_batch, target, tuple(replays))
     if not problems and mixing.target_per_step < 1:

@@ -20,7 +20,7 @@ from trainers.data.feature_fit import check_features_fit
 from trainers.data.held_out import refuse_same_file, warn_overlap
 from trainers.data.manifest import ManifestError, parse_manifest_spec
 from trainers.data.manifest_cache import CheckedManifests, cache_path, read_manifests
-from trainers.data.mixing import Mixing, build_mixing, manifest_specs
+from trainers.data.mixing import Mixing, build_mixing
 from trainers.data.sample_table import SampleTable
 from trainers.data.tokenizer_fit import check_text_ids
 from trainers.errors import UserError
@@ -134,7 +134,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     limits = family.data_limits(gpt)
     run_dir = Path(cfg.output_dir)
     try:
-        train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
+        train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
         val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
         refuse_other_manifests(family, train_specs, "--train-manifest", cfg.config)
         refuse_other_manifests(family, val_specs, "--val-manifest", cfg.config)
@@ -182,7 +182,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
 def check_fresh_data(cfg: TrainConfig, inputs: RunInputs, tokenizer_check: bool = True) -> None:
     """The checks of a fresh start (a resume holds its data and tokenizer to the run's fingerprints instead):
     validation held out from training, and text ids that --tokenizer makes."""
-    train_specs = [parse_manifest_spec(s) for s in manifest_specs(cfg.train_manifests)]
+    train_specs = [parse_manifest_spec(s) for s in cfg.train_manifests]
     val_specs = [parse_manifest_spec(s) for s in cfg.val_manifests]
     refuse_same_file(train_specs, val_specs)
     if inputs.val_samples is not None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+from trainers.config.manifest_flags import ManifestFlag, manifest_flag
 from trainers.config.settings import BASE_FINGERPRINT, DEMO_DEFAULTS, TrainConfig
 from trainers.errors import UserError
 from trainers.files import write_text_atomically
@@ -59,12 +60,6 @@ PACKABLE = ("tokenizer", "config", "base_checkpoint")
 
 
 # ---------------------------------------------------------------- paths
-
-
-def split_spec(spec: str) -> tuple[str, str]:
-    """'PATH::lang' -> ('PATH', '::lang'); the language suffix follows the path wherever it moves."""
-    path, sep, lang = spec.rpartition("::")
-    return (path, sep + lang) if sep else (spec, "")
 
 
 def _parts(path: str) -> tuple[str, ...]:
@@ -278,14 +273,15 @@ def locate_inputs(remaps: Sequence[tuple[str, str]], given: dict[str, Any], sett
         specs = list(value) if is_list else [value]
         new_specs = []
         for spec in specs:
-            path, lang = split_spec(spec)
+            one = manifest_flag(spec) if is_list else ManifestFlag(spec, spec)  # a manifest's language follows it
+            path = one.path
             f = find(places, key, path)
             if f.path is None and key == "base_checkpoint" and has_checkpoint and not settings.lora_rank:
                 log.info("--base-checkpoint %s is not at its saved place; not needed: the checkpoint being resumed "
                          "carries every tensor of it", path)
                 f = Found(key, path, path, "", f.looked_in)
             found.append(f)
-            new_specs.append((f.path or path) + lang)
+            new_specs.append(one.moved(f.path or path))
         values[key] = tuple(new_specs) if is_list else new_specs[0]
     missing = [f for f in found if f.path is None]
     if missing:

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainers.config.bounds import MAX_COUNT, flag_of, value_problems
 from trainers.config.flags import CommandLine
+from trainers.config.manifest_flags import validation_share_problems
 from trainers.config.settings import (
     AMP_MODES, BEST_METRICS, DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, LORA_KEYS, LORA_TARGET_PATHS, TrainConfig,
 )
@@ -368,6 +369,7 @@ def _given_batch_split(given: dict[str, Any], world_size: int = 1) -> dict[str, 
 def check_values(cfg: TrainConfig) -> None:
     """Every setting inside its accepted range (trainers/config/bounds.py), all problems at once."""
     problems = value_problems(cfg.to_dict()) + share_problems(cfg.train_manifests)
+    problems += validation_share_problems(cfg.val_manifests)
     if cfg.data_order not in ("grouped", "random"):
         problems.append(f"--data-order must be grouped or random, got {cfg.data_order!r}")
     if cfg.dropout_masks not in ("v1", "v2"):

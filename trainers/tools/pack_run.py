@@ -28,6 +28,7 @@ from pathlib import Path
 
 from trainers.checkpoint import schema
 from trainers.config.flags import parse_data_root
+from trainers.config.manifest_flags import manifest_flag
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
@@ -35,7 +36,7 @@ from trainers.files import file_sha256
 from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml
 from trainers.run.portable import (
     INPUTS_FILE, PACKED_DIR, Found, Places, common_dir, find, missing_report, moved_dirs, read_packed,
-    relative_inside, saved_fingerprints, split_spec, write_packed,
+    relative_inside, saved_fingerprints, write_packed,
 )
 from trainers.run.run_dir import RUN_CONFIG_NAME, SavedRun
 from trainers.tools.run_files import newest_checkpoint
@@ -149,14 +150,14 @@ def pack(run_dir: Path, remaps: tuple[tuple[str, str], ...] = ()) -> list[str]:
     outside = []
     for key, flag in (("train_manifests", "--train-manifest"), ("val_manifests", "--val-manifest")):
         for spec in getattr(settings, key):
-            path = split_spec(spec)[0]
+            path = manifest_flag(spec).path
             f = find(places, key, path)
             now = f.path or f"{path} (not found here)"
             if relative_inside(now, run_dir) is None:
                 outside.append(f"  {flag} {now}, and the feature files it names")
     if outside:
         lines += ["not packed (data, usually large; keep it separately and bring it along):", *outside]
-        root = common_dir(split_spec(s)[0] for s in (*settings.train_manifests, *settings.val_manifests)) or "OLD"
+        root = common_dir(manifest_flag(s).path for s in (*settings.train_manifests, *settings.val_manifests)) or "OLD"
         lines += ["to resume after moving the run directory (and the data):",
                   "  python trainers/train_gpt_v2.py --resume auto --output-dir NEW_RUN_DIR "
                   f"--data-root {root}=NEW_DATA_FOLDER"]
