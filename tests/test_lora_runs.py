@@ -11,7 +11,8 @@ import torch
 
 from tests.demo_runs import assert_close_weights, assert_equal_nested, family_run, final_state, train, train_here
 from trainers.checkpoint import schema
-from trainers.config.flags import lora_targets, parse_command_line
+from trainers.config.flags import parse_command_line
+from trainers.config.settings import lora_targets
 from trainers.faults import Faults
 from trainers.files import file_sha256
 from trainers.main import train as train_run

@@ -114,15 +114,18 @@ def test_bad_flag_value_is_refused_with_the_flag_and_range(tmp_path, demo_assets
 
 
 def test_negative_numbers_reach_the_range_check_in_every_spelling():
-    from trainers.config.flags import join_negative_values, parse_command_line
+    from trainers.config.declare import join_negative_values
+    from trainers.config.flags import build_parser, parse_command_line
 
     for argv in (["--learning-rate", "-1e-3"], ["--learning-rate=-1e-3"], ["--lr", "-1e-3"], ["--lr=-1e-3"]):
         assert parse_command_line(argv).given == {"learning_rate": -1e-3}, argv
     assert parse_command_line(["--seed", "-7"]).given == {"seed": -7}
     # Only numbers after numeric flags are joined; '--' ends the options.
-    assert join_negative_values(["--device", "-1e-3", "--", "--seed", "-1e3"]) == [
+    numeric = build_parser().numeric
+    assert join_negative_values(["--device", "-1e-3", "--", "--seed", "-1e3"], numeric) == [
         "--device", "-1e-3", "--", "--seed", "-1e3"]
-    assert join_negative_values(["--grad-clip", "-nan", "--seed", "--demo"]) == ["--grad-clip=-nan", "--seed", "--demo"]
+    assert join_negative_values(["--grad-clip", "-nan", "--seed", "--demo"], numeric) == [
+        "--grad-clip=-nan", "--seed", "--demo"]
 
 
 def test_lr_is_the_learning_rate_and_no_abbreviation_sets_another_flag(capsys):
