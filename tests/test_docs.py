@@ -140,6 +140,27 @@ def test_the_flag_table_lists_every_flag_of_the_trainer_once() -> None:
     assert set(listed) == known, (sorted(known - set(listed)), sorted(set(listed) - known))
 
 
+def _listed(settings: list) -> str:
+    return ", ".join(f"`{s.flag}`" if s.flag else f"`{s.name}` (saved only)" for s in settings)
+
+
+def test_the_ranges_and_resume_tables_are_the_declarations() -> None:
+    """docs/flags.md's tables of ranges (a row per range, in declaration order) and of what a resume does with each
+    saved setting are generated from the settings' declarations: paste the expected text between the markers."""
+    from trainers.config.declare import Resume, declared
+    from trainers.config.flags import CommandLine
+    from trainers.config.settings import TrainConfig
+
+    rows: dict[str, list] = {}
+    for s in (s for cls in (TrainConfig, CommandLine) for s in declared(cls) if s.bound):
+        rows.setdefault(("whole number " if s.bound.kind is int else "") + s.bound.range_text(), []).append(s)
+    ranges = ["| settings | accepted |", "|---|---|", *(f"| {_listed(v)} | {k} |" for k, v in rows.items())]
+    resume = ["| on resume | settings |", "|---|---|",
+              *(f"| {r.value} | {_listed([s for s in declared(TrainConfig) if s.resume is r])} |" for r in Resume)]
+    generated = re.findall(r"<!-- generated[^\n]*-->\n(.*?)\n<!-- end generated -->", FLAGS_DOC.read_text(), re.S)
+    assert generated == ["\n".join(ranges), "\n".join(resume)]
+
+
 def test_the_readmes_common_flags_are_rows_of_the_full_table() -> None:
     """The README lists the common flags with the same words as docs/flags.md, so the two cannot
     drift apart (links aside: they are relative to each file)."""
