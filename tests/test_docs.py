@@ -158,7 +158,8 @@ def test_the_ranges_and_resume_tables_are_the_declarations() -> None:
     resume = ["| on resume | settings |", "|---|---|",
               *(f"| {r.value} | {_listed([s for s in declared(TrainConfig) if s.resume is r])} |" for r in Resume)]
     generated = re.findall(r"<!-- generated[^\n]*-->\n(.*?)\n<!-- end generated -->", FLAGS_DOC.read_text(), re.S)
-    assert generated == ["\n".join(ranges), "\n".join(resume)]
+    expected = ["\n".join(ranges), "\n".join(resume)]
+    assert generated == expected, "docs/flags.md's generated tables are now:\n\n" + "\n\n".join(expected)
 
 
 def test_the_readmes_common_flags_are_rows_of_the_full_table() -> None:
