@@ -141,8 +141,9 @@ def undeclared(cls: type) -> list[str]:
     return [f.name for f in fields(cls) if f.name not in classified]
 
 
-def names(cls: type, *classes: Resume) -> tuple[str, ...]:
-    return tuple(s.name for s in declared(cls) if s.resume in classes)
+def names(cls: type, *kinds: Resume) -> tuple[str, ...]:
+    """The settings of cls that a resume treats as one of `kinds`."""
+    return tuple(s.name for s in declared(cls) if s.resume in kinds)
 
 
 def add_flags(parser: argparse.ArgumentParser, *classes: type) -> None:

@@ -52,7 +52,7 @@ def lora_targets(text: str) -> tuple[str, ...]:
     return targets
 
 
-def _split_product(saved: dict[str, Any]) -> int:
+def _split_product(saved: dict[str, Any]) -> Any:
     """Before --effective-batch existed, the product of the split was the effective batch (UNSET: no split saved)."""
     return (saved.get("batch_size") or 0) * (saved.get("grad_accumulation") or 0) or UNSET
 
