@@ -368,7 +368,8 @@ def _given_batch_split(given: dict[str, Any], world_size: int = 1) -> dict[str, 
 
 
 def check_values(cfg: TrainConfig) -> None:
-    """Every setting inside its accepted range (trainers/config/bounds.py), all problems at once."""
+    """Every setting inside its declared range or choices (trainers/config/settings.py) and the rules between
+    settings, all problems at once."""
     problems = value_problems(TrainConfig, cfg.to_dict()) + share_problems(cfg.train_manifests)
     problems += validation_share_problems(cfg.val_manifests)
     if cfg.text_loss_weight == 0 and cfg.mel_loss_weight == 0:
