@@ -128,8 +128,10 @@ class TrainConfig:
     # its low 32 bits: seeds that differ only above bit 32 share dropout masks but not the data order.
     seed: int = setting(1234, "seed of the data order and dropout masks", resume=RESULT, bound=Bound(int, 0, MAX_SEED))
     # The mask generator of trainers/model/sample_dropout.py; before v2, the first generator, kept bit for bit.
-    dropout_masks: str = setting("v2", "dropout mask generator: v2 is faster; runs saved before v2 existed keep v1",
-                                 resume=RESULT, choices=("v1", "v2"), legacy="v1")
+    # v3 (fused, for GPUs) only when chosen, until a GPU measures its gain.
+    dropout_masks: str = setting("v2", "dropout mask generator: v2 is faster than v1; v3 makes each mask in the "
+                                 "kernel that applies it (for GPUs; slower than v2 on a CPU); runs saved before v2 "
+                                 "existed keep v1", resume=RESULT, choices=("v1", "v2", "v3"), legacy="v1")
     # A seed-keyed subset of this many training samples (0: all of them; every sample before subsets).
     train_samples: int = setting(
         0, "train on this many of the manifests' samples, a fixed seed-keyed subset (0: all); a change takes effect "

@@ -19,7 +19,7 @@ docs/architecture.md and both invisible to inference:
   channel) instead of the global RNG, so they do not depend on the micro-batch a sample
   is in, on interruptions, or on gradient-checkpoint recomputation. Attention-probability
   dropout is not offered: SDPA draws it from the global RNG per batch. The masks live in
-  trainers/model/sample_dropout.py, in two versions (`dropout_masks="v1"|"v2"`, see there).
+  trainers/model/sample_dropout.py, in three versions (`dropout_masks="v1"|"v2"|"v3"`, see there).
 """
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ class UnifiedVoiceGPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig, gradient_checkpointing: bool = False, dropout_masks: str = DEFAULT_MASKS,
                  deterministic_loss: bool = False) -> None:
-        """`dropout_masks` picks the mask generator ("v1" or "v2", see trainers/model/sample_dropout.py);
+        """`dropout_masks` picks the mask generator ("v1", "v2" or "v3", see trainers/model/sample_dropout.py);
         `deterministic_loss` the cross-entropy with deterministic CUDA kernels (trainers/model/cross_entropy.py).
 
         It is not a GPTConfig field: that dict is fingerprinted, and a new field would fail the

@@ -5,7 +5,7 @@ split, with interruptions and with gradient-checkpoint recomputation. Here each 
 a 32-bit key (`dropout_keys`: seed, optimizer step, sample index) and the mask is computed
 from that key, the dropout site, and the cell index `position * dim + channel`.
 
-Two mask versions, selected by `UnifiedVoiceGPT(..., dropout_masks=...)` (the run setting
+Three mask versions, selected by `UnifiedVoiceGPT(..., dropout_masks=...)` (the run setting
 `dropout_masks`, see trainers/config/settings.py):
 
 * "v1": the first implementation, kept bit for bit because checkpoints of runs trained with it
@@ -22,27 +22,19 @@ Two mask versions, selected by `UnifiedVoiceGPT(..., dropout_masks=...)` (the ru
   cache-sized chunks, so a site's memory traffic is little more than reading its input and
   writing its output. Nothing is saved for backward: the mask is regenerated there, so
   dropout costs no activation memory.
+* "v3" (opt-in, for GPUs): the keep decision is made in the kernel that applies it, forward and
+  backward (trainers/model/fused_masks.py, compiled on CUDA): one pass reading the input and
+  writing the output, nothing saved. On the CPU it runs eagerly and costs more than v2.
 """
 from __future__ import annotations
 
 import torch
 
-MASK_VERSIONS = ("v1", "v2")
+from trainers.model import fused_masks
+from trainers.model.mask_hash import MASK32 as _MASK32, hash32 as _hash32, site_key, to_int32 as _to_int32
+
+MASK_VERSIONS = ("v1", "v2", "v3")
 DEFAULT_MASKS = "v2"
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """Integer mixer on int64 tensors holding values < 2**32.
-
-    Multipliers are below 2**31, so every product stays below 2**63: no signed overflow.
-    """
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * 0x2C1B3C6D) & _MASK32
-    return x ^ (x >> 16)
 
 
 def dropout_keys(seed: int, step: int, sample_indices: torch.Tensor) -> torch.Tensor:
@@ -51,11 +43,6 @@ def dropout_keys(seed: int, step: int, sample_indices: torch.Tensor) -> torch.Te
     k = _hash32(torch.full_like(idx, seed & _MASK32))
     k = _hash32((k + (step & _MASK32) * 0x9E3779B1) & _MASK32)
     return _hash32((k + idx * 0x85EBCA6B) & _MASK32)
-
-
-def _to_int32(x: torch.Tensor) -> torch.Tensor:
-    """int64 values in [0, 2**32) as the int32 with the same 32 bits (two's complement)."""
-    return torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
 
 
 # v2 constants. Products in int32 wrap modulo 2**32 (vectorised mullo on CPU, mul.lo on CUDA);
@@ -114,6 +101,11 @@ class SampleDropout:
         if version == "v1":
             self.cells = torch.arange(seq_len * dim, device=device, dtype=torch.int64).view(1, seq_len, dim)
             self.threshold = int(p * 2**32)
+        elif version == "v3":
+            fused_masks.check_cells(seq_len * dim)
+            self.shape = (self.keys.shape[0], seq_len, dim)
+            self.threshold = fused_masks.threshold(p)
+            self._v3_keys: dict[int, torch.Tensor] = {}
         else:
             self.shape = (self.keys.shape[0], seq_len, dim)
             self.positions = (positions or PositionHashes()).first(-(-seq_len * dim // 2), device)
@@ -126,15 +118,26 @@ class SampleDropout:
         if not self.active:
             return x
         if self.version == "v1":
-            site_keys = _hash32((self.keys + site * 0x27D4EB2F) & _MASK32)
+            site_keys = site_key(self.keys, site)
             keep = _hash32((self.cells + site_keys) & _MASK32) >= self.threshold
             return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+        if self.version == "v3":
+            return fused_masks.FusedMask.apply(x, self._keys_v3(site), self.threshold, self.scale)
         return _RegeneratedMask.apply(x, self, site)
+
+    def _keys_v3(self, site: int) -> torch.Tensor:
+        """v3: the samples' [B, 1] keys of a site, made once per forward (backward and recomputation reuse them)."""
+        if site not in self._v3_keys:
+            self._v3_keys[site] = fused_masks.site_keys(self.keys, site)
+        return self._v3_keys[site]
 
     # -- v2 --
 
     def keep_mask(self, site: int, dtype: torch.dtype) -> torch.Tensor:
-        """v2: 1 where a cell is kept, 0 where dropped, as a [B, S, D] tensor of `dtype`."""
+        """v2 and v3: 1 where a cell is kept, 0 where dropped, as a [B, S, D] tensor of `dtype`."""
+        if self.version == "v3":
+            ones = torch.ones(self.shape, dtype=dtype, device=self.keys.device)
+            return fused_masks.apply(ones, self._keys_v3(site), self.threshold, 1.0)
         add, mul = self._keys_of_site(site)
         b, s, d = self.shape
         out = torch.empty((b, s * d), dtype=dtype, device=self.positions.device)
@@ -147,7 +150,7 @@ class SampleDropout:
         keys differing only in their top bits would give related masks.
         """
         if site not in self._site_keys:
-            add = _hash32((self.keys.view(-1, 1) + site * 0x27D4EB2F) & _MASK32)
+            add = site_key(self.keys.view(-1, 1), site)
             mul = _hash32(add ^ 0x5BD1E995) | 1
             self._site_keys[site] = (_to_int32(add), _to_int32(mul))
         return self._site_keys[site]
