@@ -6,23 +6,28 @@
 At the official width (model_dim, heads, vocabularies and position tables from
 checkpoints/config.yaml) with 2 layers instead of 24, on random weights and data:
 
-1. the dropout ops alone: forward + backward of v2, v1 and F.dropout at every site, on the
+1. the dropout ops alone: forward + backward of v2, v1, F.dropout and v3 at every site, on the
    activation shapes of batch 2 and batch 8, with caches flushed before each op as the
-   matmuls flush them in the model (20 rounds; milliseconds each);
+   matmuls flush them in the model (20 rounds; milliseconds each); on the CPU also v3 compiled
+   by torch.compile for the CPU (inductor's C++; not --smoke), which the trainer does not do
+   there: it shows what the fused function costs where the eager one is what runs;
 2. forward + backward of `loss_sums` on 2 samples of 394 tokens each (34 prefix + 100 text
    + 256 codes, plus start/stop tokens), in train mode, for four variants:
      none       dropout 0 (no dropout op runs)
      v2         our masks, version v2 (the default)
      v1         our masks, version v1 (kept for resuming old runs)
      F.dropout  torch.nn.functional.dropout at the same sites (SampleDropout.__call__ patched)
+     v3         our masks, version v3 (made in the kernel that applies them: compiled on CUDA,
+                eager on the CPU, as the trainer runs them)
 3. a whole training step at batch 8 (forward, backward, AdamW step, zero_grad) without
-   dropout and with v2.
+   dropout, with v2 and with v3.
 
 Variants are timed in rotating order within each round (so a slow spell of the machine hits
 all of them), after one untimed warm-up round; in 2 and 3 each round also gives the "added
 cost" of a variant as its time minus the `none` time of the same round. Medians are printed.
 
-Targets (exit status 1 if one is missed, 0 otherwise):
+Targets (exit status 1 if one is missed, 0 otherwise; v3's figures are printed, not judged: on the CPU its
+eager path is not what it is for, and its GPU figures are still to be measured):
   * v2 adds at most 1.5x what F.dropout adds to forward + backward, judged on the ops alone
     (their in-model difference is printed too, with the spread of the no-dropout runs: on a
     shared 2-core machine that spread is larger than what either dropout adds);
@@ -35,6 +40,7 @@ say nothing about the cost, and the targets are printed but not judged (exit 0).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -53,7 +59,8 @@ import torch.nn.functional as F  # noqa: E402
 import yaml  # noqa: E402
 
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT, dropout_keys  # noqa: E402
-from trainers.model.sample_dropout import SampleDropout  # noqa: E402
+from trainers.model import fused_masks  # noqa: E402
+from trainers.model.sample_dropout import MASK_VERSIONS, SampleDropout  # noqa: E402
 
 P = 0.1
 TEXT_LEN, CODE_LEN = 100, 256  # 34 + 102 + 258 = 394 positions per sample
@@ -64,6 +71,7 @@ OP_REPEATS = 20  # the ops alone take milliseconds: many rounds are cheap
 SEQ_LEN = 34 + TEXT_LEN + 2 + CODE_LEN + 2  # 394
 FLUSH_BYTES = 64 * 2**20  # more than the L3 cache of most CPUs
 SMOKE_SIZE = {"model_dim": 64, "heads": 4, "layers": 1}  # --smoke: the official vocabularies, a tiny width
+V3_COMPILED = "v3 compiled"  # the ops alone, v3 through torch.compile on the CPU (the trainer runs it eagerly there)
 
 
 def parse_args() -> argparse.Namespace:
@@ -112,7 +120,7 @@ class Variant:
     def __init__(self, model: UnifiedVoiceGPT, name: str) -> None:
         self.model, self.name = model, name
         self.cfg = model.cfg if name != "none" else replace(model.cfg, dropout=0.0)
-        self.masks = name if name in ("v1", "v2") else "v2"
+        self.masks = name if name in MASK_VERSIONS else "v2"
 
     def __enter__(self) -> "Variant":
         self.saved = (self.model.cfg, self.model.dropout_masks)
@@ -167,11 +175,12 @@ def report(title: str, times: dict[str, list[float]]) -> None:
 
 
 def op_rounds(cfg: GPTConfig, batch: int, device: torch.device, repeats: int,
-              flush_bytes: int = FLUSH_BYTES) -> dict[str, list[float]]:
+              flush_bytes: int = FLUSH_BYTES, compiled_v3: bool = False) -> dict[str, list[float]]:
     """Forward + backward of the dropout ops alone at every site, on one batch's activation shapes.
 
     Caches are flushed before each forward and each backward, as the matmuls between dropout
     sites flush them in the model; only the dropout calls and their backward are timed.
+    `compiled_v3`: also v3 compiled for this device (V3_COMPILED; on CUDA "v3" already is).
     """
     sites, s, d = 1 + 2 * cfg.layers, SEQ_LEN, cfg.model_dim
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -182,7 +191,7 @@ def op_rounds(cfg: GPTConfig, batch: int, device: torch.device, repeats: int,
     flush = torch.empty(flush_bytes // 4, device=device)
 
     def run(name: str) -> float:
-        drop = SampleDropout(P, keys, s, d, device, version=name if name != "F.dropout" else "v2")
+        drop = SampleDropout(P, keys, s, d, device, version=name.split()[0] if name != "F.dropout" else "v2")
         total = 0.0
         for site, (x, grad) in enumerate(zip(xs, grads)):
             flush.add_(1.0)
@@ -194,12 +203,13 @@ def op_rounds(cfg: GPTConfig, batch: int, device: torch.device, repeats: int,
             x.grad = None
         return total
 
-    names = ["v2", "v1", "F.dropout"]
+    names = ["v2", "v1", "F.dropout", "v3", *([V3_COMPILED] if compiled_v3 else [])]
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(repeats + 1):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
-            t = run(name)
+            with fused_masks.compiled_on(device.type) if name == V3_COMPILED else contextlib.nullcontext():
+                t = run(name)  # the warm-up round compiles
             if r:
                 times[name].append(t)
     return times
@@ -255,14 +265,15 @@ def main() -> int:
     ops = {}
     op_repeats = 1 if args.smoke else OP_REPEATS
     for n in (FWD_BATCH, STEP_BATCH):
-        ops[n] = op_rounds(cfg, n, device, op_repeats, 2**20 if args.smoke else FLUSH_BYTES)
+        ops[n] = op_rounds(cfg, n, device, op_repeats, 2**20 if args.smoke else FLUSH_BYTES,
+                           compiled_v3=device.type == "cpu" and not args.smoke)
         print(f"\ndropout ops alone, forward + backward at all {1 + 2 * cfg.layers} sites, batch {n} x {SEQ_LEN} x "
               f"{cfg.model_dim}, caches flushed between ops ({op_repeats} rounds after 1 warm-up):")
         for name, ts in ops[n].items():
             print(f"  {name:10s} median {statistics.median(ts) * 1e3:7.2f} ms  min {min(ts) * 1e3:7.2f} ms")
-    fb = rounds(model, ["none", "v2", "v1", "F.dropout"], fwd_bwd_small, args.repeats, device)
+    fb = rounds(model, ["none", "v2", "v1", "F.dropout", "v3"], fwd_bwd_small, args.repeats, device)
     report(f"forward+backward, batch {FWD_BATCH} x 394 tokens ({args.repeats} rounds after 1 warm-up):", fb)
-    st = rounds(model, ["none", "v2"], train_step, args.step_repeats, device)
+    st = rounds(model, ["none", "v2", "v3"], train_step, args.step_repeats, device)
     report(f"training step (forward, backward, AdamW), batch {STEP_BATCH} x 394 tokens "
            f"({args.step_repeats} rounds after 1 warm-up):", st)
     if hasattr(os, "getloadavg"):
@@ -286,6 +297,15 @@ def main() -> int:
     print(f"        its ops alone take {100 * statistics.median(ops[STEP_BATCH]['v2']) / statistics.median(st['none']):.2f}% "
           f"of that step (F.dropout's: "
           f"{100 * statistics.median(ops[STEP_BATCH]['F.dropout']) / statistics.median(st['none']):.2f}%)")
+    v3_share = statistics.median(added(st, "v3")) / statistics.median(st["none"])
+    where = "CUDA: compiled, one fused kernel" if device.type == "cuda" else "CPU: eager, as the trainer runs it here"
+    print(f"v3 ({where}): adds {100 * v3_share:.2f}% to the batch-{STEP_BATCH} step (v2: {100 * step_share:.2f}%); "
+          f"ops alone at batch {FWD_BATCH}: v3 {statistics.median(ops[FWD_BATCH]['v3']) * 1e3:.1f} ms, "
+          f"v2 {ours * 1e3:.1f} ms (not judged)")
+    if V3_COMPILED in ops[FWD_BATCH]:
+        print(f"v3 compiled for this CPU (inductor's C++, not what the trainer runs here): ops alone at batch "
+              f"{FWD_BATCH} {statistics.median(ops[FWD_BATCH][V3_COMPILED]) * 1e3:.1f} ms, batch {STEP_BATCH} "
+              f"{statistics.median(ops[STEP_BATCH][V3_COMPILED]) * 1e3:.1f} ms")
     return 0 if args.smoke or (ratio_ok and step_ok) else 1
 
 

@@ -42,11 +42,14 @@ SMOKES: dict[str, Smoke] = {
         rf"cross-entropy alone, forward \+ backward, \d+ x 8194 logits: fused {NUM} ms, gather {NUM} ms"), 6),
     "dropout_cost.py": Smoke(("--smoke",), (
         rf"^dropout ops alone, .* batch 2 x 394 .*\n  v2 +median +{NUM} ms.*\n  v1 +median +{NUM} ms.*\n"
-        rf"  F\.dropout +median +{NUM} ms",
+        rf"  F\.dropout +median +{NUM} ms.*\n  v3 +median +{NUM} ms",
         r"^dropout ops alone, .* batch 8 x 394 ",
-        rf"^training step \(forward, backward, AdamW\), batch 8 .*\n.*\n  none +{NUM} .*\n  v2 +{NUM} .* {NUM}%",
+        rf"^training step \(forward, backward, AdamW\), batch 8 .*\n.*\n  none +{NUM} .*\n  v2 +{NUM} .* {NUM}%\n"
+        rf"  v3 +{NUM} .* {NUM}%",
         rf"^target: v2 adds <= 1\.5x what F\.dropout adds .*ratio {NUM} -> ",
-        rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> "), 7),
+        rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> ",
+        rf"^v3 \(CPU: eager, as the trainer runs it here\): adds {NUM}% to the batch-8 step \(v2: {NUM}%\); "
+        rf"ops alone at batch 2: v3 {NUM} ms, v2 {NUM} ms"), 9),
     "lora_cost.py": Smoke(("--smoke",), (
         rf"^  full +trainable [\d,]+ \(100\.00% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
         rf"^  LoRA r8 +trainable [\d,]+ \({NUM}% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
