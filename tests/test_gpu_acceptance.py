@@ -57,18 +57,24 @@ def test_the_dry_run_reports_every_check_and_writes_the_results_folder(tmp_path_
     assert "train_gpt_v2.py" in commands and "capped_trainer.py" in commands
     env = json.loads((done.folder / "env.json").read_text())
     assert {"gpus", "torch", "cuda", "dev_shm", "host_memory", "nvidia_smi"} <= set(env)
-    # The CPU side of the step check ran the before/after variants and found where the time goes.
+    # The CPU side of the step check ran the before/after variants and found where the time goes; both models'
+    # masks v2 against v3 (and without dropout), each version's share of the step computed.
     step = records["official_step"]["figures"]
-    assert set(step["variants"]) == {"now", "foreach_adamw", "no_dropout"} and step["micro_batch"] == 2
+    assert set(step["variants"]) == {"now", "masks_v3", "foreach_adamw", "no_dropout"} and step["micro_batch"] == 2
     assert step["kernels"]["gemm_share"] > 0
+    assert all(step["masks"][v]["share_of_step"] is not None for v in ("v2", "v3"))
     # Both models: 2.5's step (its 60,510-wide text head, 3 prefix positions), its losses, its demo resumed
     # bit-identically, its official-width trainer runs on its own corpus and config, its save figures computed.
     step25 = records["official_step_25"]["figures"]
     assert step25["model"] == "2.5" and step25["text_vocabulary"] == 60510 and step25["micro_batch"] == 2
-    assert step25["positions"] == step["positions"] - 31 and set(step25["variants"]) == {"now"}
+    assert step25["positions"] == step["positions"] - 31
+    assert set(step25["variants"]) == {"now", "masks_v3", "no_dropout"} and set(step25["masks"]) >= {"v2", "v3"}
     assert set(records["model_losses"]["figures"]) == {"2.0", "2.5"}
-    assert set(records["demo_resume"]["figures"]) == {"2.0 --deterministic", "2.5 --deterministic"}
-    assert records["demo_resume"]["figures"]["2.5 --deterministic"]["tensors_differing"] == 0
+    assert set(records["demo_resume"]["figures"]) == {"2.0 --deterministic", "2.5 --deterministic --dropout-masks v3"}
+    assert records["demo_resume"]["figures"]["2.5 --deterministic --dropout-masks v3"]["tensors_differing"] == 0
+    assert "--dropout-masks v3" in commands
+    # v3's CPU side: its chunked masks, forward, backward and bf16, against the whole-batch function CUDA compiles.
+    assert records["dropout_masks"]["figures"]["cells_compared"] > 2 * 411 * 1280 * 2
     assert records["oom_and_precision_25"]["figures"]["halving"]["halved"] == [4, 2]
     assert records["background_save"]["figures"]["2.5_computed"]["bytes_ratio"] > 1
     assert "demo25.yaml" in commands and "official_indextts25/train.jsonl" in commands
@@ -271,16 +277,19 @@ def test_the_summaries_of_a_gpu_run_print_the_figures_a_gpu_gives(tmp_path):
     gpu = "NVIDIA H100 80GB HBM3"
     cfg = Context(tmp_path, 1, gpu, False).gpt()
     inputs = step_checks.make_inputs(cfg, 4, 20, 30, torch.device("cpu"))
-    measured = step_checks.Measured(8.5, 32, {"now": 1.0, "foreach_adamw": 1.1, "no_dropout": 0.9}, 61.25,
+    measured = step_checks.Measured(8.5, 32, {"now": 1.0, "masks_v3": 0.92, "foreach_adamw": 1.1, "no_dropout": 0.9},
+                                    61.25,
                                     {"per_step": 5, "where": {"gpt_model.py:331": 4, "optimization.py:75": 1}},
                                     {"gemm_share": 0.7, "attention_share": 0.1, "mask_share": 0.13,
-                                     "attention_kernels": ["flash_fwd"], "top": [["nvjet_gemm", 0.3]]})
+                                     "attention_kernels": ["flash_fwd"], "top": [["nvjet_gemm", 0.3]]}, compile_s=4.2)
     figures = step_checks._figures(cfg, inputs, measured, peak_flops(gpu))
     text = "\n".join(step_checks._lines(figures, "bf16", gpu, 79.1))
     assert "MFU " in text and "probe: micro-batch 32" in text and "AdamW foreach 1.100 s/step -> fused 1.000" in text
     assert "synchronisations per step: 5" in text and "peak memory of the steps: 61.25 GiB" in text
     assert "attention 10%, dropout masks' integer kernels 13% (flash_fwd)" in text
     assert "989.0 TFLOP/s" in text and text.startswith("2.0: bf16, 24 layers")
+    assert "dropout masks v2 -> v3: 1.000 -> 0.920 s/step" in text and "the masks' share of the step 10.0% -> 2.2%" in text
+    assert figures["masks"]["v3"]["mfu"] > figures["masks"]["v2"]["mfu"] and "took 4.2 s more" in text
     # 2.5's step: the step as it runs now only (the switches are measured on 2.0), its own text head and prefix.
     cfg25 = Context(tmp_path, 1, gpu, False).gpt("indextts25")
     inputs25 = step_checks.make_inputs(cfg25, 4, 20, 30, torch.device("cpu"))

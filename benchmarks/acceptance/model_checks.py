@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import xml.etree.ElementTree as ElementTree
 from contextlib import nullcontext
 
@@ -13,6 +14,7 @@ from benchmarks.acceptance.corpus import IDX2, IDX25, LABELS, build_model, rando
 from benchmarks.acceptance.runner import Outcome
 from tests.demo_runs import REPO
 from trainers.model.gpt_model import UnifiedVoiceGPT
+from trainers.model import fused_masks
 from trainers.model.sample_dropout import MASK_VERSIONS, SampleDropout, dropout_keys
 
 # Model losses (mean cross-entropy per target, text and mel), relative to fp32 on the same device:
@@ -109,8 +111,10 @@ def _dropout(device: str, version: str, shape: tuple[int, int, int]) -> SampleDr
 
 
 def dropout_masks(ctx: Context) -> Outcome:
-    """Every mask of v1 and v2 (and the keys they come from) is the same on CUDA as on the CPU."""
+    """Every mask of v1, v2 and v3 (and the keys they come from) is the same on CUDA as on the CPU: v3's compiled
+    kernel against the CPU's eager function, the reference; for v3 also backward's masks and bf16 inputs."""
     cells, differing = 0, {}
+    started = time.perf_counter()
     for version in MASK_VERSIONS:
         for shape in MASK_SHAPES:
             for site in MASK_SITES:
@@ -119,11 +123,51 @@ def dropout_masks(ctx: Context) -> Outcome:
                 wrong = int((cpu != cuda).sum()) + int((cpu_keys != cuda_keys).sum())
                 if wrong:
                     differing[f"{version} {shape} site {site}"] = wrong
-    return Outcome(not differing, {"cells_compared": cells, "differing": differing or 0})
+    v3 = _v3_passes("cuda")
+    figures = {"cells_compared": cells + v3.pop("cells"), "differing": {**differing, **v3.pop("differing")} or 0,
+               **v3, "seconds_with_v3_compile": round(time.perf_counter() - started, 2)}
+    return Outcome(not figures["differing"], figures)
+
+
+def _v3_passes(device: str, sites: tuple[int, ...] = MASK_SITES) -> dict:
+    """v3 on `device` against the CPU's eager function (or on the CPU: its chunks against the whole-batch function
+    CUDA compiles): which cells a forward of fp32 and bf16 inputs and its backward keep. Kept bf16 values are
+    counted apart (rounding, not masks): figures, never a failure."""
+    cells, differing, values_differing = 0, {}, 0
+    for shape in MASK_SHAPES:
+        for site in sites:
+            for dtype in (torch.float32, torch.bfloat16):
+                cpu_out, cpu_grad = _v3_pass("cpu", shape, site, dtype, whole=device == "cpu")
+                out, grad = _v3_pass(device, shape, site, dtype)
+                cells += 2 * out.numel()
+                wrong = int(((out != 0) != (cpu_out != 0)).sum() + ((grad != 0) != (cpu_grad != 0)).sum())
+                if wrong:
+                    differing[f"v3 {dtype} forward/backward {shape} site {site}"] = wrong
+                values_differing += int((out != cpu_out).sum())
+    return {"cells": cells, "differing": differing, "v3_values_differing": values_differing}
+
+
+def _v3_pass(device: str, shape: tuple[int, int, int], site: int, dtype: torch.dtype,
+             whole: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """v3's output for a random input and the gradient of a random upstream gradient, on the CPU. `whole`: the
+    batch in one call of the function CUDA compiles, instead of the CPU's chunks."""
+    g = torch.Generator().manual_seed(site)
+    x = torch.randn(shape, generator=g).to(dtype)
+    upstream = torch.randn(shape, generator=g).to(dtype)
+    drop = _dropout(device, "v3", shape)
+    if whole:
+        keys = fused_masks.site_keys(drop.keys, site)
+        return tuple(fused_masks.mask_and_scale(t.reshape(shape[0], -1), keys, 0, drop.threshold, drop.scale)
+                     .view(shape) for t in (x, upstream))
+    x = x.to(device).requires_grad_()
+    out = drop(x, site)
+    out.backward(upstream.to(device))
+    return out.detach().cpu(), x.grad.cpu()
 
 
 def dropout_masks_cpu_side(ctx: Context) -> Outcome:
-    """On the CPU, v2's chunked path gives the masks of the whole-batch path the GPU takes."""
+    """On the CPU, v2's and v3's chunked paths give the masks of the whole-batch paths the GPU takes (v3: the
+    function it compiles, run eagerly here), forward and backward."""
     cells, differing = 0, {}
     for shape in MASK_SHAPES:
         for site in MASK_SITES:
@@ -132,7 +176,10 @@ def dropout_masks_cpu_side(ctx: Context) -> Outcome:
             cells += chunked.numel()
             if not torch.equal(chunked, whole):
                 differing[f"{shape} site {site}"] = int((chunked != whole).sum())
-    return Outcome(not differing, {"cells_compared": cells, "differing": differing or 0})
+    v3 = _v3_passes("cpu", MASK_SITES[:1] if ctx.smoke else MASK_SITES)  # --smoke: seconds, not a measurement
+    differing.update(v3["differing"])
+    ok = not differing and v3["v3_values_differing"] == 0  # one device, one function: the values too
+    return Outcome(ok, {"cells_compared": cells + v3["cells"], "differing": differing or 0})
 
 
 # -- losses in each precision ----------------------------------------------------------------------------------

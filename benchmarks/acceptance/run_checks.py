@@ -1,10 +1,12 @@
 """Checks of whole trainer runs on the demos: a kill and resume in the default precision (IndexTTS2's demo, and
-IndexTTS-2.5's with --deterministic: its data path, .npz pairs with their languages, on CUDA), a CUDA-trained
-checkpoint resumed on the CPU, and with 2+ GPUs torchrun against one process and a SIGTERM to one rank."""
+IndexTTS-2.5's with --deterministic and --dropout-masks v3: its data path, .npz pairs with their languages, and the
+fused masks on CUDA), a CUDA-trained checkpoint resumed on the CPU, and with 2+ GPUs torchrun against one process
+and a SIGTERM to one rank."""
 from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import NamedTuple
 
 from benchmarks.acceptance.context import Context, Finished
 from benchmarks.acceptance.corpus import IDX2, IDX25, LABELS
@@ -35,26 +37,32 @@ def _expect(done: Finished, status: int, what: str) -> None:
         raise RuntimeError(f"{what} exited {done.returncode}, expected {status}: {done.tail()}")
 
 
-Kind = tuple[str, bool]  # (model family, --deterministic)
+class Kind(NamedTuple):
+    family: str
+    deterministic: bool
+    masks: str = "v2"  # --dropout-masks
 
 
 def _kind_name(kind: Kind) -> str:
-    return f"{LABELS[kind[0]]} {'--deterministic' if kind[1] else 'default'}"
+    masks = f" --dropout-masks {kind.masks}" if kind.masks != "v2" else ""
+    return f"{LABELS[kind.family]} {'--deterministic' if kind.deterministic else 'default'}{masks}"
 
 
 def demo_pairs(ctx: Context, *kinds: Kind) -> dict[Kind, tuple[Path, Path]]:
     """For each kind (a family's demo, --deterministic or not): an uninterrupted run and one SIGKILLed at KILL then
     resumed, in the default precision on ctx.device: {kind: (reference, resumed)}. Every pair not run yet in this
     invocation starts at once (a run's start-up dominates on a GPU machine), then every resume at once."""
-    key = lambda kind: f"demo_pair/{ctx.device}/{kind[0]}/{kind[1]}"  # noqa: E731
+    key = lambda kind: f"demo_pair/{ctx.device}/{kind.family}/{kind.deterministic}/{kind.masks}"  # noqa: E731
     todo = [k for k in dict.fromkeys(kinds) if key(k) not in ctx.memo]
     if todo:
         pairs, jobs = {}, []
-        for family, deterministic in todo:
-            name = f"demo_{family}_{ctx.device}_{'deterministic' if deterministic else 'default'}"
+        for kind in todo:
+            name = (f"demo_{kind.family}_{ctx.device}_{'deterministic' if kind.deterministic else 'default'}_"
+                    f"{kind.masks}")
             ref, run = ctx.folder(f"{name}/reference"), ctx.folder(f"{name}/resumed")
-            flags = [*ctx.demo(family), *FLAGS, "--device", ctx.device, *(["--deterministic"] if deterministic else [])]
-            pairs[family, deterministic] = (ref, run)
+            flags = [*ctx.demo(kind.family), *FLAGS, "--device", ctx.device, "--dropout-masks", kind.masks,
+                     *(["--deterministic"] if kind.deterministic else [])]
+            pairs[kind] = (ref, run)
             jobs += [ctx.trainer(ref, *flags), ctx.trainer(run, *flags, kill_at=KILL)]
         finished = ctx.run(*jobs)
         for i, kind in enumerate(todo):
@@ -69,7 +77,7 @@ def demo_pairs(ctx: Context, *kinds: Kind) -> dict[Kind, tuple[Path, Path]]:
 
 
 def demo_pair(ctx: Context, deterministic: bool, family: str = IDX2) -> tuple[Path, Path]:
-    return demo_pairs(ctx, (family, deterministic))[family, deterministic]
+    return demo_pairs(ctx, Kind(family, deterministic))[Kind(family, deterministic)]
 
 
 def difference(a: Path, b: Path) -> dict:
@@ -97,8 +105,10 @@ def _relative(a: dict, b: dict, keys: tuple[str, ...] = ("text_loss", "mel_loss"
 
 
 # The pairs of demo_resume: 2.0's with and without --deterministic (the default one feeds cuda_checkpoint_on_cpu),
-# 2.5's with: what 2.5 adds is its model and data path, the checkpoint and resume machinery being shared.
-DEMO_KINDS: tuple[Kind, ...] = ((IDX2, True), (IDX2, False), (IDX25, True))
+# 2.5's with: what 2.5 adds is its model and data path, the checkpoint and resume machinery being shared. 2.5's
+# trains with the fused masks (v3, compiled on CUDA): the masks do not depend on the family, 2.0's pairs keep the
+# default's (v2), and a fourth pair would cost the run's time.
+DEMO_KINDS: tuple[Kind, ...] = (Kind(IDX2, True), Kind(IDX2, False), Kind(IDX25, True, "v3"))
 
 
 def _exact(ctx: Context, pair: tuple[Path, Path], kind: Kind) -> tuple[bool, dict, str]:
@@ -117,7 +127,7 @@ def _resumes(ctx: Context, kinds: tuple[Kind, ...]) -> Outcome:
     pairs = demo_pairs(ctx, *kinds)
     ok, figures, lines = True, {}, []
     for kind in kinds:
-        if kind[1]:
+        if kind.deterministic:
             passed, figures[_kind_name(kind)], line = _exact(ctx, pairs[kind], kind)
         else:
             ref, run = pairs[kind]
@@ -139,7 +149,7 @@ def demo_resume(ctx: Context) -> Outcome:
 
 def demo_resume_cpu_side(ctx: Context) -> Outcome:
     """The --deterministic pairs on the CPU: bit-identical."""
-    return _resumes(ctx, tuple(kind for kind in DEMO_KINDS if kind[1]))
+    return _resumes(ctx, tuple(kind for kind in DEMO_KINDS if kind.deterministic))
 
 
 def _branch_on_cpu(ctx: Context, source: Path) -> tuple[Finished, Path]:

@@ -4,14 +4,15 @@ micro-batch probe (trainers/hardware/batch_probe.py), autocast, the model's loss
 
 What it reports: the probe's answer and how long it took; seconds per optimizer step, samples, positions and
 tokens per second and model FLOPs utilisation (flops.py) of the step as the trainer runs it now, and of the
-switches that exist, side by side on the same model and inputs (AdamW foreach, the trainer's kernels until
-fused AdamW, against fused; --dropout 0.1, the trainer's default, against 0); the peak memory of the steps;
+switches that exist, side by side on the same model and inputs (the dropout masks v2, the default, against v3,
+made in the kernel that applies them, and against --dropout 0, which gives each version's share of the step;
+AdamW foreach, the trainer's kernels until fused AdamW, against fused); the peak memory of the steps;
 the host-device synchronisations of one step and the lines that cause them (torch.cuda.set_sync_debug_mode);
 and which kernels take the GPU's time in one step (the profiler), attention's among them.
 
 For IndexTTS2 (official_step) and IndexTTS-2.5 (official_step_25, its 3-position prefix, language embedding
-and 60,510-column text loss computed in blocks): the switches are the trainer's, so only 2.0 measures them;
-2.5 runs the step as the trainer runs it now.
+and 60,510-column text loss computed in blocks): both measure the masks (v2, v3, none); the AdamW switch is the
+trainer's whatever the model, so only 2.0 measures it, last, when time is left.
 
 Every layer of the config fits an H100 and the budget: an optimizer step at the official config over 64 long
 samples takes about a second there at 40% MFU (computed, not measured). On the CPU side of a dry run the same
@@ -59,14 +60,18 @@ class Variant:
     fused: bool | None  # AdamW's fused kernels (None: the trainer's choice, fused where the weights are on a GPU)
     dropout: float
     what: str
+    masks: str = SETTINGS.dropout_masks  # --dropout-masks
 
 
-# The trainer's step now first; the others each change one switch.
+# The trainer's step now first; the others each change one switch, in the order of what they are for now (a
+# variant the check's time no longer allows is left out).
 VARIANTS = (
-    Variant("now", None, SETTINGS.dropout, "the trainer's step: fused AdamW on a GPU, --dropout 0.1"),
-    Variant("foreach_adamw", False, SETTINGS.dropout, "before: AdamW's foreach kernels, the trainer's until now"),
+    Variant("now", None, SETTINGS.dropout, "the trainer's step: fused AdamW on a GPU, --dropout 0.1, masks v2"),
+    Variant("masks_v3", None, SETTINGS.dropout, "--dropout-masks v3: each mask made in the kernel applying it", "v3"),
     Variant("no_dropout", None, 0.0, "--dropout 0: what the dropout masks cost"),
+    Variant("foreach_adamw", False, SETTINGS.dropout, "before: AdamW's foreach kernels, the trainer's until now"),
 )
+MASK_VARIANTS = ("now", "masks_v3", "no_dropout")  # every model's: v2 against v3, and the step without masks
 # Dry run: the config at this width, short samples, every probing pass above 2 samples "out of memory".
 SMALL = {"model_dim": 64, "heads": 4, "layers": 2}
 SMALL_TEXT, SMALL_CODES, SMALL_BATCH, INJECTED_LIMIT = 20, 60, 4, 2
@@ -136,10 +141,12 @@ class Measured:
     syncs: dict | None
     kernels: dict | None
     fused: bool = True  # the trainer's AdamW here
+    compile_s: float | None = None  # what the first v3 step took more than the second (torch.compile on CUDA)
 
 
 def _variant(model: UnifiedVoiceGPT, variant: Variant) -> Optimization:
     model.cfg = dataclasses.replace(model.cfg, dropout=variant.dropout)
+    model.dropout_masks = variant.masks
     return Optimization(model, SETTINGS, fp16=False, frozen=None, device_type=model.text_head.weight.device.type,
                         fused=variant.fused)
 
@@ -157,15 +164,19 @@ def measure(ctx: Context, cfg, inputs: Inputs, amp: torch.dtype | None, oom: Oom
         fits = model_fits(model, device, amp, inputs.text_len, inputs.code_len, oom, 1, inputs.samples)
         micro = max(1, largest_fitting(fits, inputs.samples))
         probe_s = time.perf_counter() - started
-        seconds, peak, syncs, kernels, fused = {}, None, None, None, True
+        seconds, peak, syncs, kernels, fused, compile_s = {}, None, None, None, True, None
         for variant in variants:
             optim = _variant(model, variant)
             if variant is VARIANTS[0]:
                 fused = optim.fused
+            if variant.masks == "v3":
+                compile_s = _compiled_first(model, optim, inputs, micro, amp)
             started = time.perf_counter()
             train_step(model, optim, inputs, micro, amp, 0)  # untimed
             _sync(device)
             first = time.perf_counter() - started
+            if compile_s is not None and variant.masks == "v3":
+                compile_s = round(max(0.0, compile_s - first), 2)
             affordable = int((ctx.remaining() - RESERVE_S) / first) - (2 if variant is VARIANTS[0] else 0)
             timed = min(steps, affordable) if variant is not VARIANTS[0] else max(1, min(steps, affordable))
             if timed >= 1:
@@ -186,10 +197,20 @@ def measure(ctx: Context, cfg, inputs: Inputs, amp: torch.dtype | None, oom: Oom
             optim = one_step = None  # AdamW's moments go before the next variant's
             model.zero_grad(set_to_none=True)
             release_memory(device)
-        return Measured(probe_s, micro, seconds, peak, syncs, kernels, fused)
+        return Measured(probe_s, micro, seconds, peak, syncs, kernels, fused, compile_s)
     finally:
         model = None
         release_memory(device)
+
+
+def _compiled_first(model: UnifiedVoiceGPT, optim: Optimization, inputs: Inputs, micro: int,
+                    amp: torch.dtype | None) -> float:
+    """One untimed step with v3 masks, the one that compiles them on CUDA (its time: compile + a step), so that the
+    untimed step after it, which decides how many timed steps fit, is a step like the others."""
+    started = time.perf_counter()
+    train_step(model, optim, inputs, micro, amp, 0)
+    _sync(inputs.indices.device)
+    return time.perf_counter() - started
 
 
 def _guarded(measure_it: Callable[[], dict]) -> dict:
@@ -275,9 +296,37 @@ def _figures(cfg, inputs: Inputs, m: Measured, peak: tuple[float, str, str] | No
             "positions": inputs.packed_len,
             "effective_batch": inputs.samples, "micro_batch": m.micro, "probe_s": round(m.probe_s, 2),
             "model_tflop_per_sample": round(sample_flops / 1e12, 3), "variants": per_variant,
+            "masks": _mask_figures(per_variant, m.compile_s),
             "peak_allocated_gib": round(m.peak_gib, 2) if m.peak_gib is not None else None,
             "syncs": m.syncs, "kernels": m.kernels,
             "peak_tflops": {"value": peak[0] / 1e12, "precision": peak[1], "source": peak[2]} if peak else None}
+
+
+def _mask_figures(per_variant: dict, compile_s: float | None) -> dict:
+    """The masks v2 (the step now) and v3 side by side: s/step, tokens/s, MFU and their share of the step (1 - the
+    step without dropout / the step with them); v3's compile time. Empty when a variant was left out."""
+    plain = per_variant.get("no_dropout")
+    found = {}
+    for version, name in (("v2", "now"), ("v3", "masks_v3")):
+        if name in per_variant:
+            v = per_variant[name]
+            share = round(1 - plain["step_s"] / v["step_s"], 4) if plain else None
+            found[version] = {"step_s": v["step_s"], "tokens_per_s": v["tokens_per_s"], "mfu": v["mfu"],
+                              "share_of_step": share}
+    return {**found, "v3_compile_s": compile_s} if "v3" in found else found
+
+
+def _mask_line(masks: dict) -> str | None:
+    """v2 -> v3 in words, or None when v3 was not measured."""
+    if "v3" not in masks:
+        return None
+    def part(key: str, form: Callable[[float], str]) -> str:
+        values = [masks[v][key] for v in ("v2", "v3")]
+        return " -> ".join(form(x) if x is not None else "?" for x in values)
+    return (f"dropout masks v2 -> v3: {part('step_s', lambda x: f'{x:.3f}')} s/step, "
+            f"{part('tokens_per_s', lambda x: f'{x:,}')} tokens/s, MFU {part('mfu', lambda x: f'{x:.1%}')}, "
+            f"the masks' share of the step {part('share_of_step', lambda x: f'{x:.1%}')}; v3's first step took "
+            f"{masks['v3_compile_s']} s more than the next (on CUDA: torch.compile)")
 
 
 def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | None) -> tuple[str, ...]:
@@ -299,6 +348,9 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
     if plain:
         lines.append(f"switch: --dropout 0.1 {now['step_s']:.3f} s/step, --dropout 0 {plain['step_s']:.3f} s/step "
                      f"(the masks cost {now['step_s'] / plain['step_s'] - 1:.1%})")
+    masks = _mask_line(figures["masks"])
+    if masks:
+        lines.append(masks)
     if figures["peak_allocated_gib"] is not None:
         lines.append(f"peak memory of the steps: {figures['peak_allocated_gib']} GiB allocated of {total_gib} GiB")
     syncs = figures["syncs"]
@@ -316,8 +368,9 @@ def _lines(figures: dict, amp_name: str, gpu: str | None, total_gib: float | Non
 
 
 def _variants(family: str) -> tuple[Variant, ...]:
-    """The switches are the trainer's, not a family's: measured on IndexTTS2; another family's step as it runs now."""
-    return VARIANTS if family == IDX2 else VARIANTS[:1]
+    """The masks for every model (their share of the step depends on its shape); the AdamW switch is the trainer's,
+    not a family's: measured on IndexTTS2 only."""
+    return VARIANTS if family == IDX2 else tuple(v for v in VARIANTS if v.name in MASK_VARIANTS)
 
 
 def official_step(ctx: Context, family: str = IDX2) -> Outcome:
