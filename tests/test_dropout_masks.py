@@ -174,6 +174,17 @@ def test_v3_matches_its_exact_definition(p, seq, dim, site):
     assert torch.equal(drop.keep_mask(site, torch.float32), reference.float())
 
 
+def test_v3_no_value_reaches_2_63_and_larger_samples_are_refused():
+    """Why v3's int64 arithmetic overflows nowhere (so eager, inductor's C++ and CUDA's Triton agree): the counter's
+    largest product stays below 2**63, and a sample with more cells than that allows is refused, not wrapped."""
+    assert (fused_masks.MAX_CELLS - 1) * fused_masks.CELL_MUL + fused_masks.CELL_ADD < 2**63
+    assert fused_masks.CELL_MUL < 2**32 and fused_masks.CELL_ADD < 2**32
+    assert M32 * 0x7FEB352D < 2**63 and M32 * 0x2C1B3C6D < 2**63  # the mixer's products (mask_hash.hash32)
+    assert fused_masks.threshold(0.999999999999) == 2**32 - 1 and fused_masks.threshold(0.1) == round(0.1 * 2**32)
+    with pytest.raises(ValueError, match="at most"):
+        SampleDropout(0.1, torch.zeros(1), 2**16, 2**15, CPU, version="v3")
+
+
 def test_v2_is_the_default():
     assert DEFAULT_MASKS == "v2" == TrainConfig.dropout_masks
     assert sample_dropout.MASK_VERSIONS == ("v1", "v2", "v3")
