@@ -34,8 +34,8 @@ eager path is not what it is for, and its GPU figures are still to be measured):
   * v2 adds under 3% to a whole training step at batch 8 (median of per-round differences).
 
 --device cuda runs the same on a GPU under bf16 autocast (synchronising around each timing).
---smoke runs every part once at width 64 with 1 layer (seconds; tests/test_benchmarks.py): its figures
-say nothing about the cost, and the targets are printed but not judged (exit 0).
+--smoke runs every part once at width 64 with 1 layer, without warm-up rounds (seconds; tests/test_benchmarks.py):
+its figures say nothing about the cost, and the targets are printed but not judged (exit 0).
 """
 from __future__ import annotations
 
@@ -147,15 +147,15 @@ def timed(fn: Callable[[], None], device: torch.device) -> float:
 
 
 def rounds(model: UnifiedVoiceGPT, names: list[str], work: Callable[[], None], repeats: int,
-           device: torch.device) -> dict[str, list[float]]:
-    """Times of `work` per variant: one warm-up round, then `repeats` rounds in rotating order."""
+           device: torch.device, warmups: int = 1) -> dict[str, list[float]]:
+    """Times of `work` per variant: `warmups` untimed rounds, then `repeats` rounds in rotating order."""
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats + 1):
+    for r in range(repeats + warmups):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             with Variant(model, name):
                 t = timed(work, device)
-            if r:
+            if r >= warmups:
                 times[name].append(t)
     return times
 
@@ -175,7 +175,7 @@ def report(title: str, times: dict[str, list[float]]) -> None:
 
 
 def op_rounds(cfg: GPTConfig, batch: int, device: torch.device, repeats: int,
-              flush_bytes: int = FLUSH_BYTES, compiled_v3: bool = False) -> dict[str, list[float]]:
+              flush_bytes: int = FLUSH_BYTES, compiled_v3: bool = False, warmups: int = 1) -> dict[str, list[float]]:
     """Forward + backward of the dropout ops alone at every site, on one batch's activation shapes.
 
     Caches are flushed before each forward and each backward, as the matmuls between dropout
@@ -205,12 +205,12 @@ def op_rounds(cfg: GPTConfig, batch: int, device: torch.device, repeats: int,
 
     names = ["v2", "v1", "F.dropout", "v3", *([V3_COMPILED] if compiled_v3 else [])]
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats + 1):
+    for r in range(repeats + warmups):
         for i in range(len(names)):
             name = names[(r + i) % len(names)]
             with fused_masks.compiled_on(device.type) if name == V3_COMPILED else contextlib.nullcontext():
                 t = run(name)  # the warm-up round compiles
-            if r:
+            if r >= warmups:
                 times[name].append(t)
     return times
 
@@ -264,18 +264,20 @@ def main() -> int:
     t0 = time.perf_counter()
     ops = {}
     op_repeats = 1 if args.smoke else OP_REPEATS
+    warmups = 0 if args.smoke else 1  # --smoke measures nothing: no warm-up round
+    after = f"after {warmups} warm-up"
     for n in (FWD_BATCH, STEP_BATCH):
         ops[n] = op_rounds(cfg, n, device, op_repeats, 2**20 if args.smoke else FLUSH_BYTES,
-                           compiled_v3=device.type == "cpu" and not args.smoke)
+                           compiled_v3=device.type == "cpu" and not args.smoke, warmups=warmups)
         print(f"\ndropout ops alone, forward + backward at all {1 + 2 * cfg.layers} sites, batch {n} x {SEQ_LEN} x "
-              f"{cfg.model_dim}, caches flushed between ops ({op_repeats} rounds after 1 warm-up):")
+              f"{cfg.model_dim}, caches flushed between ops ({op_repeats} rounds {after}):")
         for name, ts in ops[n].items():
             print(f"  {name:10s} median {statistics.median(ts) * 1e3:7.2f} ms  min {min(ts) * 1e3:7.2f} ms")
-    fb = rounds(model, ["none", "v2", "v1", "F.dropout", "v3"], fwd_bwd_small, args.repeats, device)
-    report(f"forward+backward, batch {FWD_BATCH} x 394 tokens ({args.repeats} rounds after 1 warm-up):", fb)
-    st = rounds(model, ["none", "v2", "v3"], train_step, args.step_repeats, device)
+    fb = rounds(model, ["none", "v2", "v1", "F.dropout", "v3"], fwd_bwd_small, args.repeats, device, warmups)
+    report(f"forward+backward, batch {FWD_BATCH} x 394 tokens ({args.repeats} rounds {after}):", fb)
+    st = rounds(model, ["none", "v2", "v3"], train_step, args.step_repeats, device, warmups)
     report(f"training step (forward, backward, AdamW), batch {STEP_BATCH} x 394 tokens "
-           f"({args.step_repeats} rounds after 1 warm-up):", st)
+           f"({args.step_repeats} rounds {after}):", st)
     if hasattr(os, "getloadavg"):
         print("\nload average after: %.2f %.2f %.2f" % os.getloadavg())
     print(f"benchmark wall time {time.perf_counter() - t0:.0f} s")

@@ -49,7 +49,7 @@ SMOKES: dict[str, Smoke] = {
         rf"^target: v2 adds <= 1\.5x what F\.dropout adds .*ratio {NUM} -> ",
         rf"^target: v2 adds < 3% to a batch-8 training step: {NUM}% -> ",
         rf"^v3 \(CPU: eager, as the trainer runs it here\): adds {NUM}% to the batch-8 step \(v2: {NUM}%\); "
-        rf"ops alone at batch 2: v3 {NUM} ms, v2 {NUM} ms"), 9),
+        rf"ops alone at batch 2: v3 {NUM} ms, v2 {NUM} ms"), 6),
     "lora_cost.py": Smoke(("--smoke",), (
         rf"^  full +trainable [\d,]+ \(100\.00% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
         rf"^  LoRA r8 +trainable [\d,]+ \({NUM}% of full\); optimizer state {NUM} GB; checkpoint {NUM} GB$",
