@@ -424,6 +424,27 @@ def test_v3_compiled_is_the_eager_function_bit_for_bit():
         torch._dynamo.reset()  # the compiled code goes
 
 
+def test_v3_runs_unfused_with_a_warning_where_compiling_fails(monkeypatch):
+    """A GPU machine without what torch.compile needs (Triton's C compiler, say): the first call warns, saying what
+    to do, and v3 runs eagerly from then on, with the same masks; compiling is not tried again."""
+    calls = []
+
+    def failing():
+        def compiled(*args):
+            calls.append(args)
+            raise torch._dynamo.exc.BackendCompilerFailed(compiled, RuntimeError("no working C compiler"), None)
+        return compiled
+
+    monkeypatch.setattr(fused_masks, "_compiled", failing)
+    x, keys = torch.randn(3, 500), fused_masks.site_keys(dropout_keys(1, 2, torch.arange(3)), 5)
+    eager = fused_masks.apply(x, keys, fused_masks.threshold(0.2), 1.25)
+    with fused_masks.compiled_on("cpu"):
+        with pytest.warns(UserWarning, match=r"v3 run unfused on cpu .*no working C compiler.*--dropout-masks v2"):
+            assert torch.equal(fused_masks.apply(x, keys, fused_masks.threshold(0.2), 1.25), eager)
+        assert torch.equal(fused_masks.apply(x, keys, fused_masks.threshold(0.2), 1.25), eager)
+    assert len(calls) == 1
+
+
 # --- the trainer: new runs get v2, runs saved before v2 keep v1, v3 when chosen ------------------------------------
 # (tests/test_checkpoint_compat.py resumes a run saved before v2 existed, dropout 0.1, bit-identically;
 # tests/test_pre_seam_resume.py resumes v2 runs saved by an older trainer with v2, bit-identically.)

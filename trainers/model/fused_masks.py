@@ -16,9 +16,10 @@ int64 those products overflow (its multipliers are above 2**31), and overflow is
 rounds of the project's mixer need only low halves, every product below 2**63, and their masks show no correlation
 between samples, sites, shifted positions or keys that differ in one bit (tests/test_dropout_masks.py).
 
-Why int64: no value reaches 2**63 (values are reduced mod 2**32 before every multiply, multipliers are below 2**32
-and cells below 2**31), so no operation overflows in torch's CPU or CUDA kernels nor in the C++ or Triton code
-inductor generates from the same function: the bits cannot depend on where it runs. A GPU compiler is free to
+Why int64: no value reaches 2**63 (the mixer multiplies values below 2**32 by constants below 2**31, the counter
+cells below 2**31 by a constant below 2**32; a larger sample is refused), so no operation overflows in torch's CPU
+or CUDA kernels nor in the C++ or Triton code inductor generates from the same function: the bits cannot depend on
+where it runs. A GPU compiler is free to
 narrow the arithmetic to 32 bits (only low halves are ever kept); the result is the same.
 
 Where it runs: on CUDA, `torch.compile` of `mask_and_scale` (inductor makes one pointwise kernel of it: read x,
@@ -34,6 +35,7 @@ import warnings
 from typing import Iterator
 
 import torch
+import torch._dynamo
 
 from trainers.model.mask_hash import MASK32, hash32, site_key
 
@@ -43,6 +45,8 @@ MAX_CELLS = 2**31  # cells per sample: cell * CELL_MUL + CELL_ADD stays below 2*
 COMPILED_DEVICES = ("cuda",)
 # On the CPU, cells of the whole micro-batch per chunk: 1 MiB per int64 temporary, which then stays in cache.
 _CPU_CELLS = 1 << 17
+# Device types where compiling failed in this process: v3 runs unfused there from then on (the same masks).
+_FAILED: set[str] = set()
 
 
 def threshold(p: float) -> int:
@@ -106,16 +110,25 @@ def compiled_on(device_type: str) -> Iterator[None]:
     finally:
         COMPILED_DEVICES = saved
         _compiles_on.cache_clear()
+        _FAILED.discard(device_type)
 
 
 def apply(t: torch.Tensor, keys: torch.Tensor, threshold: int, scale: float) -> torch.Tensor:
     """t [B, ...] through the v3 masks of its cells (each sample's cells numbered in t's order), fused where the
     device compiles it, else eagerly (in chunks on the CPU)."""
     flat = t.reshape(t.shape[0], -1)
-    if _compiles_on(t.device.type):
-        # Detached and without grad, as FusedMask needs it: one graph (per dtype) serves forward and backward.
-        with torch.no_grad():
-            return _compiled()(flat.detach(), keys, 0, threshold, scale).view(t.shape)
+    if t.device.type not in _FAILED and _compiles_on(t.device.type):
+        try:
+            # Detached and without grad, as FusedMask needs it: one graph (per dtype) serves forward and backward.
+            with torch.no_grad():
+                return _compiled()(flat.detach(), keys, 0, threshold, scale).view(t.shape)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:  # inductor's errors too; not a kernel's (OOM)
+            _FAILED.add(t.device.type)
+            inner = getattr(exc, "inner_exception", None) or exc
+            first = f"{type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0][:160]}"
+            warnings.warn(f"dropout masks v3 run unfused on {t.device.type} from now on: torch.compile failed "
+                          f"({first}); the masks are the same, the steps slower; fix what the error names (a C "
+                          f"compiler, Triton) or train new runs with --dropout-masks v2")
     if t.device.type != "cpu":
         return mask_and_scale(flat, keys, 0, threshold, scale).view(t.shape)
     chunk = max(1024, _CPU_CELLS // max(1, flat.shape[0]))
