@@ -3,8 +3,8 @@
 The mask of a cell is a pure function of its sample's key for the site and its cell index, nothing else:
 
     a    = hash32((key + site * 0x27D4EB2F) mod 2**32)        the (sample, site) key; key = dropout_keys(seed, step, i)
-    u    = hash32((cell * 0x9E3779B1 + 0x632BE5AB) mod 2**32)  the counter: a bijection of cell = position * width + channel
-    z    = hash32(u xor a)
+    u    = hash32((cell * 0x9E3779B1 + 0x632BE5AB) mod 2**32)  the counter, a bijection of the cell index
+    z    = hash32(u xor a)                                      (cell = position * width + channel)
     kept iff z >= round(p * 2**32); a kept cell is scaled by 1 / (1 - p), a dropped one is 0
 
 (hash32: trainers/model/mask_hash.py). So, as for v1 and v2, a sample's masks do not depend on its batch-mates,
