@@ -35,7 +35,6 @@ import warnings
 from typing import Iterator
 
 import torch
-import torch._dynamo
 
 from trainers.model.mask_hash import MASK32, hash32, site_key
 
@@ -122,7 +121,11 @@ def apply(t: torch.Tensor, keys: torch.Tensor, threshold: int, scale: float) -> 
             # Detached and without grad, as FusedMask needs it: one graph (per dtype) serves forward and backward.
             with torch.no_grad():
                 return _compiled()(flat.detach(), keys, 0, threshold, scale).view(t.shape)
-        except torch._dynamo.exc.BackendCompilerFailed as exc:  # inductor's errors too; not a kernel's (OOM)
+        except Exception as exc:
+            from torch._dynamo.exc import BackendCompilerFailed  # loaded by torch.compile (not at import: 1.5 s)
+
+            if not isinstance(exc, BackendCompilerFailed):  # inductor's errors are; a kernel's (out of memory) not
+                raise
             _FAILED.add(t.device.type)
             inner = getattr(exc, "inner_exception", None) or exc
             first = f"{type(inner).__name__}: {(str(inner).strip().splitlines() or [''])[0][:160]}"
