@@ -162,7 +162,10 @@ SMOKES: dict[str, Smoke] = {
         rf"^  before/after: AdamW foreach {NUM} s/step -> foreach \(the CPU.s\) {NUM} s/step",
         r"^SKIP official_step_25: .*CPU side passed\n  2\.5: fp32, 2 layers at width 64, text head 60,510 wide, .*\n"
         rf"  probe: micro-batch 2 .* in {NUM} s\n  step now: {NUM} s, ",
-        r"^  2\.5 --deterministic, fp32 on cpu: SIGKILL mid-step 7, resumed to step 12: 0 tensors differ ",
+        rf"^  dropout masks v2 -> v3: {NUM} -> {NUM} s/step, [\d,]+ -> [\d,]+ tokens/s, MFU \? -> \?, the masks' share "
+        rf"of the step {NUM}% -> {NUM}%",
+        r"^  2\.5 --deterministic --dropout-masks v3, fp32 on cpu: SIGKILL mid-step 7, resumed to step 12: "
+        r"0 tensors differ ",
         r"^SKIP oom_and_precision: .*CPU side passed\n  2\.0: real out-of-memory at micro-batch 4, halved to 2: ",
         r"^SKIP oom_and_precision_25: .*CPU side passed\n  2\.5: real out-of-memory at micro-batch 4, halved to 2: ",
         r"^SKIP background_save: .*CPU side passed\n  2\.0: state .* by a background save .* against .* by a "
