@@ -51,9 +51,9 @@ CFG_RATE = 0.7
 MODEL_FILE_KEYS = ("gpt_checkpoint", "dataset.bpe_model", "s2mel_checkpoint", "w2v_stat", "emo_matrix", "spk_matrix")
 
 
-def install_help(problem: str, indextts_dir: Path | None) -> str:
+def install_help(problem: str, indextts_dir: Path | None, product: str = "IndexTTS2") -> str:
     where = f"under --indextts-dir {indextts_dir}" if indextts_dir else f"in this Python ({sys.executable})"
-    return (f"IndexTTS2 cannot be imported {where}: {problem}.\n"
+    return (f"{product} cannot be imported {where}: {problem}.\n"
             f"  Install it into this Python: git clone {REPOSITORY} && pip install -e ./index-tts "
             "(its requirements come with it; pass --indextts-dir ./index-tts to use a checkout without installing)\n"
             f"  --model-dir needs its checkpoints folder ({MODELS}): config.yaml, gpt.pth, bpe.model, s2mel.pth, "
@@ -72,28 +72,49 @@ class Upstream:
 def import_upstream(indextts_dir: Path | None) -> Upstream:
     """indextts.infer_v2 from `indextts_dir` (a checkout's root, or its indextts/ folder) or the installed
     package; a UserError with the install instructions when it or a module it needs is missing."""
+    module = import_inference(indextts_dir, "infer_v2", "IndexTTS2")
+    return Upstream(module, module_global(module, "torchaudio", indextts_dir))
+
+
+def import_inference(indextts_dir: Path | None, name: str, product: str) -> ModuleType:
+    """indextts.<name> (infer_v2 for IndexTTS2, infer_v2_5 for IndexTTS-2.5) of the user's installation: from
+    `indextts_dir` (a checkout's root or its indextts/ folder) or the installed package. The module must define
+    the class IndexTTS2 (both versions name their pipeline so); a UserError with the install instructions, naming
+    `product`, when it or a module it needs cannot be imported."""
     if indextts_dir is not None:
         if not indextts_dir.is_dir():
-            raise UserError(install_help(f"no such folder {indextts_dir}", indextts_dir))
-        root = indextts_dir.parent if (indextts_dir / "infer_v2.py").is_file() else indextts_dir
-        if not (root / "indextts" / "infer_v2.py").is_file():
-            raise UserError(install_help(f"{root} holds no indextts/infer_v2.py (not an IndexTTS2 checkout)",
-                                         indextts_dir))
+            raise UserError(install_help(f"no such folder {indextts_dir}", indextts_dir, product))
+        root = indextts_dir.parent if (indextts_dir / f"{name}.py").is_file() else indextts_dir
+        if not (root / "indextts" / f"{name}.py").is_file():
+            raise UserError(install_help(f"{root} holds no indextts/{name}.py (not an {product} checkout)",
+                                         indextts_dir, product))
     try:
         if indextts_dir is not None:
             _load_package("indextts", root)
-        module = importlib.import_module("indextts.infer_v2")
-        torchaudio = importlib.import_module("torchaudio")
+        module = importlib.import_module(f"indextts.{name}")
     except ModuleNotFoundError as exc:
         missing = exc.name or str(exc)
         what = "no module named 'indextts'" if missing.split(".")[0] == "indextts" else \
-            f"the module '{missing}' it needs is missing (IndexTTS2's requirements are not installed)"
-        raise UserError(install_help(what, indextts_dir)) from None
+            f"the module '{missing}' it needs is missing ({product}'s requirements are not installed)"
+        raise UserError(install_help(what, indextts_dir, product)) from None
     except Exception as exc:  # a broken install: a compiled extension that does not load, a syntax error
-        raise UserError(install_help(f"importing it failed ({type(exc).__name__}: {exc})", indextts_dir)) from None
+        raise UserError(install_help(f"importing it failed ({type(exc).__name__}: {exc})", indextts_dir,
+                                     product)) from None
     if not hasattr(module, "IndexTTS2"):
-        raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir))
-    return Upstream(module, torchaudio)
+        raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir, product))
+    return module
+
+
+def module_global(module: ModuleType, name: str, indextts_dir: Path | None) -> ModuleType:
+    """A library the inference module imported (torchaudio, librosa): the one inference itself calls."""
+    found = getattr(module, name, None)
+    if found is None:
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError:
+            raise UserError(install_help(f"the module '{name}' it needs is missing (IndexTTS's requirements are "
+                                         "not installed)", indextts_dir)) from None
+    return found
 
 
 def _load_package(name: str, root: Path) -> None:
