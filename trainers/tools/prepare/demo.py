@@ -80,7 +80,7 @@ def make_audio(folder: Path, family: str) -> tuple[Path, Path]:
 
 
 def run_demo(settings: Any) -> int:
-    from trainers.tools.prepare.cli import EXIT_SKIPPED, prepare
+    from trainers.tools.prepare.run import EXIT_SKIPPED, prepare
 
     family = settings.family or "indextts2"
     out = settings.out or Path("runs/prepare_demo" + ("25" if family == "indextts25" else ""))
