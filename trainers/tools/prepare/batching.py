@@ -56,7 +56,7 @@ class Encoder:
         if failed is None:
             check_features(self.backend, clips, features)
             return features
-        release_memory(self.device)  # outside the handler: its traceback held the failed batch's tensors
+        _release(self.device)  # outside the handler: its traceback held the failed batch's tensors
         longest = max(c.waveform.shape[0] for c in clips)
         if len(clips) == 1:
             raise OutOfMemoryStop(f"out of memory with one clip of {longest / self.backend.audio_rate:.1f} s "
@@ -82,25 +82,34 @@ def next_batch(lengths: Sequence[int], start: int, budget: int) -> int:
 
 
 def probe_batch_size(encoder: Encoder, longest: int, device: torch.device) -> int:
-    """The largest batch of `longest`-sample clips whose encode fits in MEMORY_MARGIN of the free GPU memory."""
-    free = torch.cuda.mem_get_info(device)[0] * MEMORY_MARGIN
+    """The largest batch of `longest`-sample clips whose encode fits in MEMORY_MARGIN of the free GPU memory (on a
+    CPU: that does not run out of memory, which only an injected error does)."""
+    cuda = device.type == "cuda"
+    free = torch.cuda.mem_get_info(device)[0] * MEMORY_MARGIN if cuda else 0
     rng = np.random.default_rng(0)
     wave = (0.1 * rng.standard_normal(longest)).astype(np.float32)
     clip = Clip("probe", wave, encoder.backend.audio_rate, encoder.backend.audio_rate, 1)
 
     def fits(n: int) -> bool:
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
         try:
             if encoder.oom_above is not None and n > encoder.oom_above:
                 raise torch.OutOfMemoryError("injected")
             encoder.backend.encode([clip] * n)
-            ok = torch.cuda.max_memory_allocated(device) - before <= free
+            ok = not cuda or torch.cuda.max_memory_allocated(device) - before <= free
         except RuntimeError as exc:
             if not is_out_of_memory(exc):
                 raise
             ok = False
-        release_memory(device)
+        _release(device)
         return ok
 
     return max(1, largest_fitting(fits, MAX_BATCH))
+
+
+def _release(device: torch.device) -> None:
+    """Return a failed batch's memory to the GPU (a CPU's allocator needs no collection: it would only cost time)."""
+    if device.type == "cuda":
+        release_memory(device)

@@ -50,8 +50,9 @@ def _write_wav(path: Path, samples: np.ndarray, rate: int, channels: int) -> Non
         out.writeframes(np.repeat(pcm, channels).tobytes() if channels > 1 else pcm.tobytes())
 
 
-def make_audio(folder: Path, family: str) -> tuple[Path, Path]:
-    """The demo's audio, its list and tokenizer under `folder` (kept when there): (list.jsonl, tokenizer)."""
+def make_audio(folder: Path, family: str, per_speaker: int = SENTENCES) -> tuple[Path, Path]:
+    """The demo's audio (`per_speaker` sentences of each speaker), its list and tokenizer under `folder` (kept when
+    there): (list.jsonl, tokenizer)."""
     listing = folder / "list.jsonl"
     tokenizer = folder / ("demo.tiktoken" if family == "indextts25" else "bpe.model")
     if listing.is_file() and tokenizer.is_file():
@@ -66,7 +67,7 @@ def make_audio(folder: Path, family: str) -> tuple[Path, Path]:
         tokenizer.write_bytes(_train_tokenizer([front_end(_sentence(rng)) for _ in range(3000)], 160))
     lines = []
     for s, (rate, channels, pitch) in enumerate(SPEAKERS):
-        for k in range(SENTENCES):
+        for k in range(per_speaker):
             words = [WORDS[int(i)] for i in rng.integers(0, len(WORDS), size=int(rng.integers(2, MAX_WORDS + 1)))]
             seconds = float(np.clip(0.3 * len(words), 1.0, 2.4)) / len(words)
             gap = np.zeros(int(0.05 * rate))

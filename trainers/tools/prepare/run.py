@@ -83,6 +83,18 @@ def tokenizer_path(settings: PrepareSettings, model: Model) -> Path | None:
     return model.model_dir / str(name)
 
 
+def check_tokenizer(model: Model, tokenizer: Path) -> None:
+    """The tokenizer file is the family's kind and fits the config (UserError naming the flag otherwise)."""
+    tokens = model.family.tokenizer
+    flag = f"--tokenizer {tokenizer}"
+    if not tokens.recognises(str(tokenizer)):
+        raise UserError(f"{flag}: not a {tokens.kind}; pass the tokenizer of the {model.family.title} model"
+                        if tokenizer.is_file() else f"{flag}: no such file")
+    problem = tokens.config_size_problem(tokens.size(str(tokenizer)), model.gpt.number_text_tokens)
+    if problem:
+        raise UserError(f"{flag}: {problem}")
+
+
 def plan_of(settings: PrepareSettings, model: Model, backend: FeatureBackend, listing: Listing) -> dict[str, Any]:
     """What the output's features are made from: saved with it, compared by every later run (check_plan)."""
     limits = model.family.data_limits(model.gpt)
@@ -151,6 +163,8 @@ def prepare(settings: PrepareSettings, show_command: bool = True) -> int:
     model = read_model(settings)
     device = pick_device(settings.device)
     tokenizer = tokenizer_path(settings, model)
+    if tokenizer is not None:
+        check_tokenizer(model, tokenizer)
     request = BackendRequest(model.family.name, model.config, model.model_dir, settings.indextts_dir, tokenizer,
                              str(device))
     backend = backend_factory(settings.backend)(request)
