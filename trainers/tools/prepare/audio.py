@@ -51,6 +51,8 @@ class _WavLayout:
 def _wav_layout(path: Path) -> _WavLayout:
     """The format and data chunk of a RIFF WAVE file; AudioProblem for anything else."""
     size = path.stat().st_size
+    if size == 0:
+        raise AudioProblem("is an empty file (0 bytes)", "record or convert it again, or remove the line", "empty")
     with open(path, "rb") as f:
         head = f.read(12)
         if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
@@ -84,6 +86,9 @@ def _wav_layout(path: Path) -> _WavLayout:
                 if channels < 1 or rate < 1:
                     raise AudioProblem(f"says it has {channels} channels at {rate} Hz", "convert it to WAV again")
                 frame = channels * bits // 8
+                if length < frame:
+                    raise AudioProblem("holds no audio samples", "record or convert it again, or remove the line",
+                                       "empty")
                 return _WavLayout(AudioInfo(length // frame, rate, channels), tag, bits, offset, length // frame * frame)
             else:
                 f.seek(length + (length & 1), 1)  # chunks are padded to even sizes
