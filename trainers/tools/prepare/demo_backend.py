@@ -38,6 +38,7 @@ from trainers.tools.prepare.backend import (
 
 VERSION = "demo-1"  # of these stand-ins: part of the fingerprint
 WINDOW, HOP, BANDS, HIDDEN = 400, 160, 32, 32
+PART = 80  # a frame is WINDOW / PART parts, a hop HOP / PART of them
 CONDITION_LATENTS, SPEAKER_DIM = 32, 192
 
 
@@ -72,6 +73,17 @@ class StandInModels:
         self.emo = w(HIDDEN, model_dim)
         self.spk = w(2 * BANDS, SPEAKER_DIM)
 
+    def _framed(self, batch: torch.Tensor, frames: int) -> torch.Tensor:
+        """Each 400-sample frame (every 160 samples) times the windowed band matrix [400, BANDS]: a frame is 5 parts
+        of 80 samples, so the product is the sum of 5 products of the parts (no copy of overlapping frames)."""
+        parts = batch.reshape(batch.shape[0], -1, PART)  # [B, N / 80, 80]
+        step, count = HOP // PART, WINDOW // PART
+        total = None
+        for j in range(count):
+            term = parts[:, j: j + step * (frames - 1) + 1: step] @ self.bands[j * PART:(j + 1) * PART]
+            total = term if total is None else total + term
+        return total
+
     @staticmethod
     def _mask(lengths: torch.Tensor, size: int) -> torch.Tensor:
         return torch.arange(size, device=lengths.device)[None, :] < lengths[:, None]
@@ -89,12 +101,11 @@ class StandInModels:
         dev = self.device
         n = [w.shape[0] for w in waves]
         fb = torch.tensor([fbank_frames(s) for s in n], device=dev)
-        longest = max(max(n), WINDOW)
+        longest = -(-max(max(n), WINDOW) // PART) * PART
         batch = torch.zeros(len(waves), longest, device=dev)
         for i, w in enumerate(waves):
             batch[i, : w.shape[0]] = w.to(dev)
-        frames = batch.unfold(1, WINDOW, HOP)  # [B, F, 400]
-        bands = torch.log((frames @ self.bands) ** 2 + 1e-6)  # [B, F, BANDS]: a random "filterbank" of windowed frames
+        bands = torch.log(self._framed(batch, int(fb.max())) ** 2 + 1e-6)  # [B, F, BANDS]
         fmask = self._mask(fb, bands.shape[1])[..., None].float()
         count = fmask.sum(1).clamp(min=1)
         mean = (bands * fmask).sum(1) / count[..., 0:1]

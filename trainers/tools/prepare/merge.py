@@ -111,8 +111,9 @@ def _write(store: Store, listing: Listing, layout: Layout, settings: PrepareSett
                                                                    else ""))
             alone.append(f"speaker {speaker!r}: {len(ids)} {split} utterance(s) ({', '.join(ids[:3])}"
                          f"{', ...' if len(ids) > 3 else ''}) in no pair: {why}; they stay in the utterance manifests")
-    rates = sorted({r["source_rate"] for r in kept if r["source_rate"] != _rate(kept)})
-    converted = {"resampled": sum(r["source_rate"] != _rate(kept) for r in kept), "from_rates": rates,
+    resampled = [r for r in kept if r["source_rate"] != r["rate"]]
+    converted = {"resampled": len(resampled), "from_rates": sorted({r["source_rate"] for r in resampled}),
+                 "to_rate": resampled[0]["rate"] if resampled else None,
                  "mixed_to_mono": sum(r["source_channels"] > 1 for r in kept)}
     merged = Merged(len(kept), sum(r["seconds"] for r in kept) / 3600, problems,
                     {name: len(rows) for name, rows in files.items()}, len({r["speaker"] for r in kept}), alone,
@@ -127,12 +128,6 @@ def _write(store: Store, listing: Listing, layout: Layout, settings: PrepareSett
     return merged
 
 
-def _rate(kept: list[dict[str, Any]]) -> int:
-    from trainers.tools.prepare.backend import SPEECH_RATE
-
-    return SPEECH_RATE
-
-
 def summary_lines(merged: Merged, out: Path) -> list[str]:
     """The closing summary: hours kept, skipped by reason, conversions, pairs, the files written."""
     lines = [f"kept {merged.kept} utterances ({merged.hours:.2f} hours of audio) of {merged.speakers} speaker(s)"]
@@ -141,8 +136,9 @@ def summary_lines(merged: Merged, out: Path) -> list[str]:
                      f"(each in {SKIPPED_NAME})")
     c = merged.converted
     if c.get("resampled") or c.get("mixed_to_mono"):
-        lines.append(f"converted: {c['resampled']} resampled to 16 kHz (from "
-                     f"{', '.join(str(r) for r in c['from_rates']) or '-'} Hz), {c['mixed_to_mono']} mixed to mono")
+        to = f"to {c['to_rate']} Hz " if c["to_rate"] else ""
+        lines.append(f"converted: {c['resampled']} resampled {to}(from {', '.join(map(str, c['from_rates'])) or '-'} "
+                     f"Hz), {c['mixed_to_mono']} mixed to mono")
     lines += merged.alone
     lines += [f"wrote {name}: {count} lines" for name, count in merged.written.items()]
     if merged.temporaries:

@@ -1,7 +1,8 @@
 """The output folder of indextts-prepare, and how every write into it survives a kill at any instant.
 
     OUT/features/         the feature files, each written to a temporary (.NAME.tmp-HOST-PID), fsynced and
-                          renamed into place: a file is complete or absent, never half-written
+                          renamed into place: a file is complete or absent, never half-written (a batch's
+                          temporaries are written and fsynced by several threads at once, then renamed in order)
     OUT/.prepare/plan.json          what the features are made from (fingerprints); written once, atomically
     OUT/.prepare/records-I-of-N.jsonl  shard I/N's record of each utterance it finished: kept (its files, their
                           sizes, its lengths) or skipped (why). Appended and fsynced after the utterance's files
@@ -14,8 +15,8 @@ whose files are all there at their recorded sizes, and makes the rest: each utte
 once, and a kill costs at most the batch it interrupted. Temporaries left by killed runs are removed by the merge.
 
 Fault points for the tests (INDEXTTS_PREPARE_KILL_AT, the trainer's syntax: trainers/faults.py), each counted
-from 1 in the process: plan (plan.json written), feature_tmp:K (the K-th feature file's temporary fsynced, not
-yet renamed), feature:K (renamed), record:K (the K-th batch's records fsynced), manifest_tmp:K / manifest:K (the
+from 1 in the process: plan (plan.json written), feature_tmp:K (the K-th feature file about to be renamed: its
+temporary, and those of its batch, fsynced), feature:K (renamed), record:K (the K-th batch's records fsynced), manifest_tmp:K / manifest:K (the
 K-th file the merge writes, before / after its rename), merged (the merge finished).
 """
 from __future__ import annotations
@@ -28,9 +29,10 @@ import os
 import socket
 import zipfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +45,7 @@ STATE_DIR = ".prepare"
 PLAN_NAME = "plan.json"
 FEATURES_DIR = "features"
 KILL_VAR = "INDEXTTS_PREPARE_KILL_AT"
+WRITERS = 8  # threads writing and fsyncing a batch's feature files at once
 FORMAT_VERSION = 1  # of the files written here; bumped when they change
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every .npz member's date: the same bytes on every run
 
@@ -98,6 +101,12 @@ class Store:
         self.state = out / STATE_DIR
         self.features = out / FEATURES_DIR
         self.faults = faults or Faults()
+        self._pool: ThreadPoolExecutor | None = None  # write_features' writers, made on first use
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     # --- the plan -----------------------------------------------------------------------------------
 
@@ -143,23 +152,25 @@ class Store:
             f.flush()
             os.fsync(f.fileno())
 
-    def write_features(self, files: Iterable[tuple[str, bytes]]) -> dict[str, int]:
-        """Each (name under features/, bytes) written atomically; then the folder fsynced once. Name -> size."""
-        sizes = {}
-        for name, data in files:
-            path = self.features / name
-            tmp = _tmp_name(path)
-            try:
-                self._write(tmp, data)
+    def write_features(self, files: list[tuple[str, bytes]]) -> dict[str, int]:
+        """Each (name under features/, bytes) written atomically: every temporary written and fsynced (by
+        WRITERS threads at once: a file system commits concurrent fsyncs together, 4-7x faster than one by one),
+        then each renamed into place, then the folder fsynced once. Name -> size."""
+        paths = [(self.features / name, _tmp_name(self.features / name)) for name, _ in files]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(WRITERS, thread_name_prefix="prepare-write")
+        try:
+            list(self._pool.map(lambda job: self._write(job[0][1], job[1]), zip(paths, (data for _, data in files))))
+            for path, tmp in paths:
                 self.faults.at("feature_tmp")
                 os.replace(tmp, path)
-            except BaseException:
+                self.faults.at("feature")
+        except BaseException:
+            for _, tmp in paths:
                 tmp.unlink(missing_ok=True)  # a failure (disk full) leaves nothing; a SIGKILL cannot get here
-                raise
-            self.faults.at("feature")
-            sizes[name] = len(data)
+            raise
         fsync_dir(self.features)
-        return sizes
+        return {name: len(data) for name, data in files}
 
     def write_file(self, path: Path, data: bytes, point: str | None = None) -> None:
         """One file of OUT replaced atomically (the merge's), with fault points `point_tmp` and `point`."""

@@ -14,6 +14,7 @@ same batch size; after an out-of-memory halving, equal within float rounding).
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -64,6 +65,8 @@ class ShardWork:
         if todo:
             self._size_batches(max(jobs[0].samples, 1))
         progress = Progress(todo)
+        writer = ThreadPoolExecutor(1, thread_name_prefix="prepare-batch")  # a batch is written while the next is made
+        pending: Future | None = None
         try:
             start = 0
             while start < len(jobs):
@@ -72,9 +75,16 @@ class ShardWork:
                 start = end
                 if all(j.done for j in batch):
                     continue
-                self._batch(batch)
+                files, records = self._batch(batch)
+                if pending is not None:
+                    pending.result()  # one batch in flight: its errors surface here, its memory is bounded
+                pending = writer.submit(self._write, files, records)
                 progress.advance(sum(not j.done for j in batch))
+            if pending is not None:
+                pending.result()
         finally:
+            writer.shutdown()
+            self.store.close()
             progress.close()
         return todo + len(early)
 
@@ -122,8 +132,8 @@ class ShardWork:
             jobs.append(Job(entry, text, samples, stat, finished))
         return jobs, records
 
-    def _batch(self, batch: list[Job]) -> None:
-        """Decode, check, encode and write one batch; record its utterances not done before."""
+    def _batch(self, batch: list[Job]) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
+        """Decode, check and encode one batch: the files and records of its utterances not done before."""
         records: list[dict[str, Any]] = []
         ready: list[tuple[Job, Clip]] = []
         for job in batch:
@@ -149,15 +159,20 @@ class ShardWork:
             mine = self.layout.files(self.stems[job.entry.id], job.text.ids, features)
             files += mine
             kept.append((job, clip, mine))
-        sizes = self.store.write_features(files) if files else {}
-        for job, clip, mine in kept:
-            e = job.entry
-            records.append({"id": e.id, "key": e.key(), "status": "kept", "audio_stat": job.stat, "text": e.text,
-                            "speaker": e.speaker, "language": e.language, "text_len": int(job.text.ids.size),
-                            "code_len": self.backend.code_length(clip.waveform.shape[0]),
-                            "seconds": round(clip.seconds, 3), "roles": self.layout.roles(self.stems[e.id]),
-                            "sizes": {name: sizes[name] for name, _ in mine}, "source_rate": clip.source_rate,
-                            "source_channels": clip.source_channels})
+        return files, records + [self._kept(job, clip, mine) for job, clip, mine in kept]
+
+    def _kept(self, job: Job, clip: Clip, files: list[tuple[str, bytes]]) -> dict[str, Any]:
+        e = job.entry
+        return {"id": e.id, "key": e.key(), "status": "kept", "audio_stat": job.stat, "text": e.text,
+                "speaker": e.speaker, "language": e.language, "text_len": int(job.text.ids.size),
+                "code_len": self.backend.code_length(clip.waveform.shape[0]), "seconds": round(clip.seconds, 3),
+                "roles": self.layout.roles(self.stems[e.id]), "sizes": {name: len(data) for name, data in files},
+                "rate": clip.rate, "source_rate": clip.source_rate, "source_channels": clip.source_channels}
+
+    def _write(self, files: list[tuple[str, bytes]], records: list[dict[str, Any]]) -> None:
+        """A batch's files, then its records (a record always means complete files)."""
+        if files:
+            self.store.write_features(files)
         if records:
             self.journal.append(records)
 
