@@ -37,7 +37,7 @@ from trainers.tools.prepare.backend import (
 )
 
 VERSION = "demo-1"  # of these stand-ins: part of the fingerprint
-WINDOW, HOP, BANDS, HIDDEN = 400, 160, 32, 32
+WINDOW, HOP, BANDS, HIDDEN = 400, 160, 16, 32
 PART = 80  # a frame is WINDOW / PART parts, a hop HOP / PART of them
 CONDITION_LATENTS, SPEAKER_DIM = 32, 192
 
