@@ -5,6 +5,7 @@ tests/test_prepare_resume.py, its lines tests/test_prepare_lines.py."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -98,6 +99,10 @@ def test_two_shards_merged_equal_one_process(corpora, tmp_path, family):
     second = prepare_here(*flags(listing, tokenizer, config, two, "--shard", "2/2"))
     assert second.returncode == 0 and "kept 16 utterances" in second.stdout, second.stderr
     assert_same_output(tmp_path / "one", two, exact=False)
+    summary = json.loads((two / "prepare_summary.json").read_text())
+    seconds = [json.loads(line)["duration"] for name in ("train_utterances.jsonl", "val_utterances.jsonl")
+               for line in (two / name).read_text().splitlines()]
+    assert summary["hours"] == round(sum(seconds) / 3600, 4) and summary["kept"] == 16 and summary["skipped"] == 0
     mine = [json.loads(line)["id"] for p in sorted((two / ".prepare").glob("records-*-of-2.jsonl"))
             for line in p.read_text().splitlines()]
     assert sorted(mine) == sorted(set(mine)) and len(mine) == 16  # each utterance once, by one shard
@@ -225,3 +230,27 @@ def test_a_speaker_with_one_utterance_is_reported(corpora, tmp_path):
     assert "speaker 'solo': 1 training utterance(s) (solo) in no pair: no other utterance" in result.stdout
     summary = json.loads((tmp_path / "out" / "prepare_summary.json").read_text())
     assert summary["manifests"] == {"train_pairs.jsonl": 16, "train_utterances.jsonl": 17}
+
+
+def test_the_progress_bar_shows_utterances_per_second_and_the_time_left(monkeypatch):
+    import io
+    import sys
+
+    from trainers.tools.prepare import report
+
+    terminal = io.StringIO()
+    terminal.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = report.Progress(10)
+    bar.advance(3)
+    bar.advance(3)
+    bar.close()
+    drawn = terminal.getvalue().split("\r")[-1]
+    assert "6/10" in drawn and "utt/s" in drawn and "<00:" in drawn, drawn  # [elapsed<left, rate]
+    piped = io.StringIO()  # no terminal: a line every PROGRESS_SECONDS instead
+    monkeypatch.setattr(sys, "stderr", piped)
+    monkeypatch.setattr(report, "PROGRESS_SECONDS", 0.0)
+    bar = report.Progress(10)
+    bar.advance(4)
+    bar.close()
+    assert re.search(r"^prepared 4/10 utterances, [\d.]+ utt/s, about 0:\d\d:\d\d left$", piped.getvalue(), re.M)

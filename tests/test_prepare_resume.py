@@ -77,3 +77,21 @@ def test_a_second_process_on_the_same_shard_is_refused(data, tmp_path):
         held.close()
     assert refused.returncode == 2
     assert "another indextts-prepare is preparing shard 1/1 into" in refused.stderr
+
+
+def test_under_torchrun_each_process_prepares_its_shard_and_one_set_of_manifests_is_written(data, tmp_path):
+    """Two processes under torchrun (its workers are `python -m trainers.tools.prepare.cli`): shards 1/2 and 2/2 by
+    RANK, and the one finishing last writes the manifests, those of one process."""
+    from tests.demo_runs import subprocess_env
+    from tests.trainer_process import TrainerProcess
+
+    listing, tokenizer, config, reference = data
+    out = tmp_path / "out"
+    argv = ["--standalone", "--nproc_per_node", "2", "-m", "trainers.tools.prepare.cli",
+            *flags(listing, tokenizer, config, out, "--batch-size", "4")]
+    proc = TrainerProcess(argv, subprocess_env(), new_session=True, command="torchrun")
+    assert proc.wait(240) == 0, proc.stderr_text()[-4000:]
+    assert sorted(p.name for p in (out / ".prepare").glob("records-*")) == ["records-1-of-2.jsonl",
+                                                                          "records-2-of-2.jsonl"]
+    assert "shard 1/2: " in proc.stderr_text() and "shard 2/2: " in proc.stderr_text()
+    assert_same_output(reference, out, exact=False)

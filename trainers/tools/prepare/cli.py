@@ -44,3 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: run the same command again to continue where it stopped", file=sys.stderr, flush=True)
         return 130
+
+
+if __name__ == "__main__":  # torchrun ... -m trainers.tools.prepare.cli
+    sys.exit(main())

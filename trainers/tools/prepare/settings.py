@@ -23,11 +23,11 @@ FORMATS = ("auto", "jsonl", "csv", "ljspeech", "folder")
 
 
 def setting(default: Any, help: str, *, affects: str, flag: str | None = None, bound: Bound | None = None,
-            choices: Sequence[str] | None = None, metavar: str | None = None, kind: type | None = None) -> Any:
+            choices: Sequence[str] | None = None, metavar: str | None = None, parse: type | None = None) -> Any:
     """A field of PrepareSettings with its declaration in the field's metadata (flag None: --NAME-WITH-DASHES)."""
     return field(default=default, metadata={"help": help, "affects": affects, "flag": flag, "bound": bound,
                                             "choices": tuple(choices) if choices else None, "metavar": metavar,
-                                            "kind": kind})
+                                            "parse": parse})
 
 
 @dataclass(frozen=True)
@@ -35,22 +35,22 @@ class PrepareSettings:
     # What to read and where to write.
     input: Path | None = setting(None, "the utterance list (JSONL or CSV with id, audio, text, speaker, language; an "
                                  "LJSpeech-style metadata.csv) or a folder of audio files with .txt/.lab transcripts",
-                                 affects=RUN, metavar="LIST_OR_FOLDER", kind=Path)
+                                 affects=RUN, metavar="LIST_OR_FOLDER", parse=Path)
     input_format: str = setting("auto", "how --input is written (auto: a folder, *.jsonl, metadata.csv without a "
                                 "header, or a CSV/TSV with a header)", affects=RUN, flag="--format", choices=FORMATS)
     out: Path | None = setting(None, "the output folder: manifests, features/ and the state a rerun continues from",
-                               affects=RUN, metavar="DIR", kind=Path)
+                               affects=RUN, metavar="DIR", parse=Path)
     # The model: the family, its files, the backend computing the features.
     family: str | None = setting(None, "the model family (default: --config's; version 2.5 is indextts25)",
                                  affects=FEATURES, choices=FAMILY_NAMES)
     config: Path | None = setting(None, "the model's config.yaml (default: MODEL_DIR/config.yaml); its gpt section "
-                                  "sets the text and code limits", affects=RUN, kind=Path)
+                                  "sets the text and code limits", affects=RUN, parse=Path)
     model_dir: Path | None = setting(None, "the official checkpoints folder (IndexTTS-2 or IndexTTS-2.5)",
-                                     affects=RUN, metavar="DIR", kind=Path)
+                                     affects=RUN, metavar="DIR", parse=Path)
     indextts_dir: Path | None = setting(None, "a checkout of upstream IndexTTS (default: the installed indextts "
-                                        "package)", affects=RUN, metavar="DIR", kind=Path)
+                                        "package)", affects=RUN, metavar="DIR", parse=Path)
     tokenizer: Path | None = setting(None, "a tokenizer file to use instead of the model folder's (an extended "
-                                     "bpe.model)", affects=RUN, kind=Path)
+                                     "bpe.model)", affects=RUN, parse=Path)
     backend: str = setting("upstream", "what computes the features: upstream (IndexTTS's own feature code and "
                            "models) or demo (tiny stand-in models, for trying the pipeline)", affects=FEATURES,
                            choices=("upstream", "demo"))
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(name, dest=f.name, action="store_true", default=default, help=meta["help"])
             continue
         bound: Bound | None = meta["bound"]
-        kind = bounded_number(bound) if bound else meta["kind"] or str
+        kind = bounded_number(bound) if bound else meta["parse"] or str
         text = meta["help"]
         if bound is not None:
             text += f" ({bound.range_text()})"
