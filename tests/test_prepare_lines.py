@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import wave
 from pathlib import Path
 
 import numpy as np
