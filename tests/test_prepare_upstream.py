@@ -196,3 +196,77 @@ def test_the_fingerprint_names_every_file_and_the_code(family_backend):
         assert "sha256 campplus" in fp
         with pytest.raises(UserError, match="language"):
             backend.text(TEXT, None)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+def utterance_list(folder: Path) -> Path:
+    """Six short clips of two speakers with demo-word texts (the tiny tokenizers know those words)."""
+    import json
+
+    from trainers.data.demo_corpus import WORDS
+
+    rng = np.random.default_rng(5)
+    lines = []
+    for i in range(6):
+        path = uf.write_wav(folder / f"utt{i}.wav", uf.voice(0.55 + 0.05 * i, seed=10 + i))
+        text = " ".join(WORDS[int(k)] for k in rng.integers(0, 40, size=3)) + " ."
+        lines.append({"id": f"utt{i}", "audio": path.name, "text": text, "speaker": f"spk{i % 2}", "language": "en"})
+    listing = folder / "list.jsonl"
+    listing.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return listing
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_audio_to_a_trained_export_that_upstream_loads_strictly_and_generates_from(family, tmp_path):
+    """indextts-prepare with the upstream backend on six clips, the trainer for two steps on its manifests from the
+    model folder's gpt.pth, indextts-export, then upstream's UnifiedVoice loads the export strictly (every key, no
+    other) and generates codes from a prepared sample's text and conditioning."""
+    import yaml
+
+    from tests.demo_runs import train_here
+    from tests.prepare_data import prepare_here
+    from tests.upstream_gpt import campplus_generate, campplus_upstream, v2
+    from trainers.tools import export_checkpoint
+
+    folder = uf.model_dir(family)
+    tokenizer = folder / ("multilingual_zh_ja_yue_char_del.tiktoken" if family == "indextts25" else "bpe.model")
+    out = tmp_path / "prepared"
+    with uf.stand_ins():
+        done = prepare_here("--input", str(utterance_list(tmp_path)), "--out", str(out), "--model-dir", str(folder),
+                            "--indextts-dir", str(uf.checkout(family)), "--device", "cpu", "--val-fraction", "0.34")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    trained = train_here(run, "--train-manifest", str(out / "train_pairs.jsonl"), "--val-manifest",
+                         str(out / "val_pairs.jsonl"), "--tokenizer", str(tokenizer), "--config",
+                         str(folder / "config.yaml"), "--base-checkpoint", str(folder / "gpt.pth"), "--batch-size", "2",
+                         "--max-steps", "2", "--save-interval", "2", "--val-interval", "0")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert export_checkpoint.main([str(run), "--out", str(tmp_path / "export"), "--config",
+                                   str(folder / "config.yaml")]) == 0
+    state = torch.load(tmp_path / "export" / "gpt.pth", weights_only=True)["model"]
+    gpt = yaml.safe_load((tmp_path / "export" / "config.yaml").read_text(encoding="utf-8"))["gpt"]
+    line = __import__("json").loads((out / "val_pairs.jsonl").read_text().splitlines()[0])
+    if family == "indextts25":
+        arrays = np.load(out / line["target_features"])
+        prompt = np.load(out / line["prompt_features"])
+        model = campplus_upstream(state, gpt)  # strict=True inside
+        codes = campplus_generate(model, torch.from_numpy(prompt["spk_emb"])[None], torch.from_numpy(
+            arrays["emo_vec"])[None], torch.from_numpy(arrays["text_ids"].astype(np.int64))[None], 0, 8)
+    else:
+        from tests.upstream_gpt import quiet
+
+        with quiet():
+            model = v2().UnifiedVoice(**gpt)
+        model.load_state_dict(state, strict=True)
+        model.eval().post_init_gpt2_config(kv_cache=True)
+        text = np.load(out / line["target_text_ids_path"]).astype(np.int64)
+        backend = uf.open_backend(family)
+        feats = backend.semantic([backend.audio(tmp_path / "utt0.wav", "utt0").waveform])[0].unsqueeze(0)
+        with torch.no_grad():  # upstream's own conditioning encoders (carried into the export) on real features
+            out_codes, _ = model.inference_speech(feats, torch.from_numpy(text)[None], feats, do_sample=False,
+                                                  num_beams=1, max_generate_length=8,
+                                                  cond_lengths=torch.tensor([feats.shape[1]]),
+                                                  emo_cond_lengths=torch.tensor([feats.shape[1]]))
+        codes = out_codes.tolist()
+    assert codes and 1 <= len(codes[0]) <= 9 and all(0 <= c <= gpt["stop_mel_token"] for c in codes[0])
