@@ -20,6 +20,15 @@ and `prompt_voice` call in the same order with the same arguments (upstream ee40
 One difference, on purpose: inference conditions the GPT's forward on the prompt audio's features;
 here it is conditioned on the sample's own precomputed conditioning latent and emotion vector (the
 manifest's), the ones the codes were generated from, so the latent belongs to the codes.
+
+IndexTTS-2.5 (indextts/infer_v2_5.py, upstream v2.5.0, chosen by the config's `version: 2.5`) needs no GPT
+latent: its s2mel model reads the codes alone. `prompt_voice_25` and `render_codes_25` follow its order:
+
+  the voice prompt: cut to 15 s, resampled to 22.05 and 16 kHz; the w2v-BERT features themselves (not
+      quantized) -> length regulator (the prompt condition); its mel; CAMPPlus on the fbank of the clip
+      loaded and resampled again, as infer_v2_5 does
+  each sample: semantic_codec.decode(codes) (25 Hz codes -> 50 Hz features), the length regulator at 1.72
+      frames per feature frame, the CFM after the prompt condition, the prompt's frames cut off, BigVGAN
 """
 from __future__ import annotations
 
@@ -42,6 +51,7 @@ from trainers.errors import UserError
 
 REPOSITORY = "https://github.com/index-tts/index-tts"
 MODELS = "https://huggingface.co/IndexTeam/IndexTTS-2"
+MODELS_25 = "https://huggingface.co/IndexTeam/IndexTTS-2.5"
 SAMPLE_RATE = 22050  # infer_v2 writes its waveforms at this rate (BigVGAN 22 kHz, 80 bands, hop 256)
 PROMPT_SECONDS = 15  # infer_v2 cuts the prompt audio to this
 FRAMES_PER_CODE = 1.72  # infer_v2's target mel length per code
@@ -49,6 +59,10 @@ DIFFUSION_STEPS = 25
 CFG_RATE = 0.7
 # config.yaml's files the pipeline opens in model_dir (QwenEmotion is not loaded here where upstream allows it).
 MODEL_FILE_KEYS = ("gpt_checkpoint", "dataset.bpe_model", "s2mel_checkpoint", "w2v_stat", "emo_matrix", "spk_matrix")
+# infer_v2_5 opens these beside the config's files; its tokenizer and codec names are fixed, not config keys.
+MODEL_FILE_KEYS_25 = ("gpt_checkpoint", "s2mel_checkpoint", "w2v_stat", "emo_matrix", "spk_matrix")
+MODEL_FILES_25 = ("codec.pth", "multilingual_zh_ja_yue_char_del.tiktoken")
+INDEXTTS25 = "indextts25"
 
 
 def install_help(problem: str, indextts_dir: Path | None, product: str = "IndexTTS2") -> str:
@@ -69,10 +83,12 @@ class Upstream:
     torchaudio: ModuleType
 
 
-def import_upstream(indextts_dir: Path | None) -> Upstream:
-    """indextts.infer_v2 from `indextts_dir` (a checkout's root, or its indextts/ folder) or the installed
-    package; a UserError with the install instructions when it or a module it needs is missing."""
-    module = import_inference(indextts_dir, "infer_v2", "IndexTTS2")
+def import_upstream(indextts_dir: Path | None, family: str = "indextts2") -> Upstream:
+    """indextts.infer_v2 (infer_v2_5 for IndexTTS-2.5) from `indextts_dir` (a checkout's root, or its indextts/
+    folder) or the installed package; a UserError with the install instructions when it or a module it needs is
+    missing."""
+    module = import_inference(indextts_dir, *(("infer_v2_5", "IndexTTS-2.5") if family == INDEXTTS25 else
+                                              ("infer_v2", "IndexTTS2")))
     return Upstream(module, module_global(module, "torchaudio", indextts_dir))
 
 
@@ -132,8 +148,22 @@ def _load_package(name: str, root: Path) -> None:
         raise
 
 
+def config_family(model_dir: Path) -> str:
+    """The model family of --model-dir's config.yaml ("indextts2" when it cannot be read: read_model_dir says why)."""
+    from trainers.families import family_for_config
+
+    try:
+        data = yaml.safe_load((model_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "indextts2"
+    return family_for_config(data).name if isinstance(data, dict) else "indextts2"
+
+
 def read_model_dir(model_dir: Path) -> dict[str, Any]:
-    """--model-dir's config.yaml, checked for the keys and files the pipeline opens; UserError naming what lacks."""
+    """--model-dir's config.yaml, checked for the keys and files the pipeline opens (those of its model family's
+    inference); UserError naming what lacks."""
+    from trainers.families import family_for_config
+
     config = model_dir / "config.yaml"
     if not config.is_file():
         raise UserError(f"--model-dir {model_dir} has no config.yaml: pass IndexTTS2's checkpoints folder ({MODELS}) "
@@ -143,15 +173,18 @@ def read_model_dir(model_dir: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UserError(f"{config} cannot be read as YAML ({' '.join(str(exc).split())})") from None
     data = data if isinstance(data, dict) else {}
-    missing = missing_inference_keys(data)
+    family = family_for_config(data)
+    name, models = family.inference_name, MODELS_25 if family.name == INDEXTTS25 else MODELS
+    missing = missing_inference_keys(data, family.inference_keys)
     if missing:
-        raise UserError(f"{config} lacks the keys IndexTTS2 inference reads: {', '.join(missing)}; use the full "
-                        "config.yaml of IndexTTS2's checkpoints folder (a trimmed training config cannot drive it)")
-    absent = [f"{key}: {value_at(data, key)}" for key in MODEL_FILE_KEYS
-              if not (model_dir / str(value_at(data, key))).exists()]
+        raise UserError(f"{config} lacks the keys {name} inference reads: {', '.join(missing)}; use the full "
+                        f"config.yaml of {name}'s checkpoints folder (a trimmed training config cannot drive it)")
+    keys, fixed = (MODEL_FILE_KEYS_25, MODEL_FILES_25) if family.name == INDEXTTS25 else (MODEL_FILE_KEYS, ())
+    absent = [f"{key}: {value_at(data, key)}" for key in keys if not (model_dir / str(value_at(data, key))).exists()]
+    absent += [f for f in fixed if not (model_dir / f).exists()]
     if absent:
         raise UserError(f"--model-dir {model_dir} lacks files its config.yaml names ({'; '.join(absent)}); copy or "
-                        f"link them from IndexTTS2's checkpoints folder ({MODELS})")
+                        f"link them from {name}'s checkpoints folder ({models})")
     return data
 
 
@@ -168,7 +201,8 @@ def load_pipeline(upstream: Upstream, model_dir: Path, device: str | None) -> An
     """upstream's IndexTTS2 for `model_dir`, in fp32, without the text-to-emotion model where it allows."""
     cls = upstream.infer_v2.IndexTTS2
     accepted = inspect.signature(cls).parameters
-    options = {"use_fp16": False, "use_cuda_kernel": False, "device": device, "use_qwen_emo": False}
+    options = {"use_fp16": False, "use_bf16": False, "use_cuda_kernel": False, "device": device,
+               "use_qwen_emo": False}
     kwargs = {k: v for k, v in options.items() if k in accepted}
     try:
         return cls(cfg_path=str(model_dir / "config.yaml"), model_dir=str(model_dir), **kwargs)
@@ -241,6 +275,51 @@ def render_codes(tts: Any, voice: Voice, text_ids: np.ndarray, codes: np.ndarray
         semantic = semantic + models["gpt_layer"](latent)
         cond = models["length_regulator"](semantic, ylens=(code_lens * FRAMES_PER_CODE).long(), n_quantizers=3,
                                           f0=None)[0]
+        both = torch.cat([voice.prompt_condition, cond], dim=1)
+        mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(dev), voice.ref_mel, voice.style,
+                                      None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)
+        mel = mel[:, :, voice.ref_mel.size(-1):]
+        wav = tts.bigvgan(mel.float()).squeeze()
+    return wav.detach().float().cpu().numpy().reshape(-1)
+
+
+def prompt_voice_25(upstream: Upstream, tts: Any, audio: Path) -> Voice:
+    """The prompt audio's condition, mel and style embedding as IndexTTS-2.5's infer_v2_5 makes them: the w2v-BERT
+    features unquantized into the length regulator, CAMPPlus on the clip loaded and resampled a second time."""
+    import torch
+
+    ta = upstream.torchaudio
+    try:
+        wav, rate = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)
+        again, _ = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)
+    except Exception as exc:
+        raise UserError(f"--prompt-audio {audio} cannot be read as audio ({type(exc).__name__}: {exc})") from None
+    with torch.no_grad():
+        wav_22k = ta.transforms.Resample(rate, SAMPLE_RATE)(wav)
+        wav_16k = ta.transforms.Resample(rate, 16000)(wav)
+        inputs = tts.extract_features(wav_16k, sampling_rate=16000, return_tensors="pt")
+        features = tts.get_emb(inputs["input_features"].to(tts.device), inputs["attention_mask"].to(tts.device))
+        ref_mel = tts.mel_fn(wav_22k.to(features.device).float())
+        fbank = ta.compliance.kaldi.fbank(ta.transforms.Resample(rate, 16000)(again).to(ref_mel.device),
+                                          num_mel_bins=80, dither=0, sample_frequency=16000)
+        style = tts.campplus_model((fbank - fbank.mean(dim=0, keepdim=True)).unsqueeze(0))
+        frames = torch.LongTensor([ref_mel.size(2)]).to(ref_mel.device)
+        condition = tts.s2mel.models["length_regulator"](features, ylens=frames, n_quantizers=3, f0=None)[0]
+    return Voice(condition, ref_mel, style)
+
+
+def render_codes_25(tts: Any, voice: Voice, codes: np.ndarray) -> np.ndarray:
+    """One sample's waveform (floats, about [-1, 1], at SAMPLE_RATE) from its 25 Hz codes, as infer_v2_5 renders
+    generated codes: the codec decodes them to 50 Hz features, 1.72 mel frames per feature frame."""
+    import torch
+
+    dev = tts.device
+    code = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=dev).unsqueeze(0)
+    with torch.no_grad():
+        models = tts.s2mel.models
+        semantic = tts.semantic_codec.decode(code)
+        lengths = torch.LongTensor([int(semantic.shape[1] * FRAMES_PER_CODE)]).to(dev)
+        cond = models["length_regulator"](semantic, ylens=lengths, n_quantizers=3, f0=None)[0]
         both = torch.cat([voice.prompt_condition, cond], dim=1)
         mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(dev), voice.ref_mel, voice.style,
                                       None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)
