@@ -200,17 +200,18 @@ def test_the_fingerprint_names_every_file_and_the_code(family_backend):
 
 # ------------------------------------------------------------------------------------------------ end to end
 
-def utterance_list(folder: Path) -> Path:
-    """Six short clips of two speakers with demo-word texts (the tiny tokenizers know those words)."""
+def utterance_list(folder: Path, words: list[str] | None = None) -> Path:
+    """Six short clips of two speakers with texts of `words` (default: the demo's, which the tiny tokenizers know)."""
     import json
 
     from trainers.data.demo_corpus import WORDS
 
+    words = words or list(WORDS[:40])
     rng = np.random.default_rng(5)
     lines = []
     for i in range(6):
         path = uf.write_wav(folder / f"utt{i}.wav", uf.voice(0.55 + 0.05 * i, seed=10 + i))
-        text = " ".join(WORDS[int(k)] for k in rng.integers(0, 40, size=3)) + " ."
+        text = " ".join(words[int(k)] for k in rng.integers(0, len(words), size=3)) + " ."
         lines.append({"id": f"utt{i}", "audio": path.name, "text": text, "speaker": f"spk{i % 2}", "language": "en"})
     listing = folder / "list.jsonl"
     listing.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
