@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from benchmarks.acceptance import (  # noqa: E402
-    environment, model_checks, official_checks, run_checks, save_checks, step_checks,
+    environment, model_checks, official_checks, prepare_checks, run_checks, save_checks, step_checks,
 )
 from benchmarks.acceptance.context import Context  # noqa: E402
 from benchmarks.acceptance.corpus import IDX25, LABELS, family_of, read_gpt  # noqa: E402
@@ -79,7 +79,7 @@ CHECKS = (
           "2.0 bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels, before/after"),
     Check("official_step_25", 1, 30, _25(step_checks.official_step), _25(step_checks.official_step_cpu_side),
           "2.5 bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels"),
-    Check("demo_resume", 1, 48, run_checks.demo_resume, run_checks.demo_resume_cpu_side,
+    Check("demo_resume", 1, 36, run_checks.demo_resume, run_checks.demo_resume_cpu_side,
           "2.0 and 2.5 demos SIGKILLed mid-step and resumed on CUDA: bit-identical with --deterministic"),
     Check("oom_and_precision", 1, 45, official_checks.oom_and_precision, official_checks.oom_and_precision_cpu_side,
           "2.0: a real CUDA out-of-memory error halved, ending as the halved size does; bf16 vs fp32 validation"),
@@ -91,6 +91,8 @@ CHECKS = (
           "a CUDA-trained checkpoint resumed on the CPU", reuses=("demo_resume",)),
     Check("cuda_tests", 1, 14, model_checks.cuda_tests, model_checks.cuda_tests_cpu_side,
           "the tests that skip without CUDA, run with pytest"),
+    Check("prepare_rtf", 1, 12, prepare_checks.prepare_rtf, prepare_checks.prepare_rtf_cpu_side,
+          "indextts-prepare's upstream feature models at the official sizes, both models: real-time factor"),
     Check("official_trainer", 1, 40, official_checks.official_trainer, official_checks.official_trainer_cpu_side,
           "2.0 trainer at the official config, micro-batch probed, 4 steps: no out-of-memory, the loop's rate",
           on_request=True),
