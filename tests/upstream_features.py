@@ -335,7 +335,7 @@ def _stats(path: Path) -> None:
 def _build_20(folder: Path) -> None:
     from safetensors.torch import save_file
 
-    from trainers.tools.prepare.upstream import ConfigSection
+    from trainers.tools.prepare.upstream_common import ConfigSection
 
     folder.mkdir(parents=True)
     _config(folder, GPT, "2.0")
@@ -420,7 +420,7 @@ def reference_20(folder: Path, audios: list[Path], text: str) -> list[dict[str, 
     from safetensors.torch import load_model
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertModel
 
-    from trainers.tools.prepare.upstream import ConfigSection
+    from trainers.tools.prepare.upstream_common import ConfigSection
 
     cfg = ConfigSection(yaml.safe_load((folder / "config.yaml").read_text()))
     cache = str(folder / "hf_cache")
@@ -486,7 +486,7 @@ def reference_25(folder: Path, audios: list[Path], text: str, lang: str) -> list
     from safetensors import safe_open
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertModel
 
-    from trainers.tools.prepare.upstream import ConfigSection
+    from trainers.tools.prepare.upstream_common import ConfigSection
 
     cfg = ConfigSection(yaml.safe_load((folder / "config.yaml").read_text()))
     with stand_ins():

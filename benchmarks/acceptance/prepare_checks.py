@@ -50,7 +50,7 @@ def missing_code() -> str | None:
 def build(official: bool, device: str) -> dict[str, Any]:
     """Both families' backends on upstream's classes: official sizes on `device`, or the tests' tiny ones."""
     from tests import upstream_features as uf
-    from trainers.tools.prepare.upstream import ConfigSection, SemanticFeatures
+    from trainers.tools.prepare.upstream_common import ConfigSection, SemanticFeatures
     from trainers.tools.prepare.upstream_v2 import IndexTTS2Backend
     from trainers.tools.prepare.upstream_v25 import IndexTTS25Backend
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel

@@ -20,7 +20,7 @@ import numpy as np
 
 from trainers.errors import UserError
 from trainers.tools.prepare.backend import BackendRequest, Clip, Features, TextIds
-from trainers.tools.prepare.upstream import (
+from trainers.tools.prepare.upstream_common import (
     Installation, conditioning_features, files_fingerprint, installation_fingerprint, load_clip, load_weights,
     alone, need_file, quantized, to_array, read_config, semantic_features, state_of, torch_file, w2v_frames,
 )
