@@ -204,8 +204,8 @@ def checkout_20() -> Path:
     return fetched(UPSTREAM_V2_CODE)
 
 
-CHECKOUT_25 = '''"""TEST DOUBLE of upstream IndexTTS v2.5.0's indextts/infer_v2_5.py (tests/upstream_features.py): the names its
-namespace holds, bound to upstream-derived code of the pinned wheels. Not upstream's file."""
+CHECKOUT_25 = '''"""TEST DOUBLE of upstream IndexTTS v2.5.0's indextts/infer_v2_5.py (tests/upstream_features.py):
+the names its namespace holds, bound to upstream-derived code of the pinned wheels. Not upstream's file."""
 from tests.upstream_features import namespace_25
 
 globals().update(namespace_25())

@@ -22,7 +22,7 @@ here it is conditioned on the sample's own precomputed conditioning latent and e
 manifest's), the ones the codes were generated from, so the latent belongs to the codes.
 
 IndexTTS-2.5 (indextts/infer_v2_5.py, upstream v2.5.0, chosen by the config's `version: 2.5`) needs no GPT
-latent: its s2mel model reads the codes alone. `prompt_voice_25` and `render_codes_25` follow its order:
+latent: its s2mel model reads the codes alone. `prompt_voice` (given the family) and `render_codes_25` follow its order:
 
   the voice prompt: cut to 15 s, resampled to 22.05 and 16 kHz; the w2v-BERT features themselves (not
       quantized) -> length regulator (the prompt condition); its mel; CAMPPlus on the fbank of the clip
@@ -117,7 +117,8 @@ def import_inference(indextts_dir: Path | None, name: str, product: str) -> Modu
         raise UserError(install_help(f"importing it failed ({type(exc).__name__}: {exc})", indextts_dir,
                                      product)) from None
     if not hasattr(module, "IndexTTS2"):
-        raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir, product))
+        raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir,
+                                     product))
     return module
 
 
@@ -220,13 +221,17 @@ class Voice:
     style: Any
 
 
-def prompt_voice(upstream: Upstream, tts: Any, audio: Path) -> Voice:
-    """The prompt audio's condition, mel and style embedding, made by upstream's models as infer_v2 makes them."""
+def prompt_voice(upstream: Upstream, tts: Any, audio: Path, family: str = "indextts2") -> Voice:
+    """The prompt audio's condition, mel and style embedding, made by upstream's models as its inference makes
+    them. IndexTTS2: the condition from the codec-quantized w2v-BERT features. IndexTTS-2.5 (infer_v2_5): from the
+    features themselves, and CAMPPlus on the clip loaded and resampled a second time."""
     import torch
 
     ta = upstream.torchaudio
+    v25 = family == INDEXTTS25
     try:
         wav, rate = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)
+        again = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)[0] if v25 else None
     except Exception as exc:
         raise UserError(f"--prompt-audio {audio} cannot be read as audio ({type(exc).__name__}: {exc})") from None
     with torch.no_grad():
@@ -234,9 +239,10 @@ def prompt_voice(upstream: Upstream, tts: Any, audio: Path) -> Voice:
         wav_16k = ta.transforms.Resample(rate, 16000)(wav)
         inputs = tts.extract_features(wav_16k, sampling_rate=16000, return_tensors="pt")
         features = tts.get_emb(inputs["input_features"].to(tts.device), inputs["attention_mask"].to(tts.device))
-        _, semantic = tts.semantic_codec.quantize(features)
+        semantic = features if v25 else tts.semantic_codec.quantize(features)[1]
         ref_mel = tts.mel_fn(wav_22k.to(features.device).float())
-        fbank = ta.compliance.kaldi.fbank(wav_16k.to(ref_mel.device), num_mel_bins=80, dither=0,
+        campplus_16k = ta.transforms.Resample(rate, 16000)(again) if v25 else wav_16k
+        fbank = ta.compliance.kaldi.fbank(campplus_16k.to(ref_mel.device), num_mel_bins=80, dither=0,
                                           sample_frequency=16000)
         style = tts.campplus_model((fbank - fbank.mean(dim=0, keepdim=True)).unsqueeze(0))
         frames = torch.LongTensor([ref_mel.size(2)]).to(ref_mel.device)
@@ -281,31 +287,6 @@ def render_codes(tts: Any, voice: Voice, text_ids: np.ndarray, codes: np.ndarray
         mel = mel[:, :, voice.ref_mel.size(-1):]
         wav = tts.bigvgan(mel.float()).squeeze()
     return wav.detach().float().cpu().numpy().reshape(-1)
-
-
-def prompt_voice_25(upstream: Upstream, tts: Any, audio: Path) -> Voice:
-    """The prompt audio's condition, mel and style embedding as IndexTTS-2.5's infer_v2_5 makes them: the w2v-BERT
-    features unquantized into the length regulator, CAMPPlus on the clip loaded and resampled a second time."""
-    import torch
-
-    ta = upstream.torchaudio
-    try:
-        wav, rate = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)
-        again, _ = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)
-    except Exception as exc:
-        raise UserError(f"--prompt-audio {audio} cannot be read as audio ({type(exc).__name__}: {exc})") from None
-    with torch.no_grad():
-        wav_22k = ta.transforms.Resample(rate, SAMPLE_RATE)(wav)
-        wav_16k = ta.transforms.Resample(rate, 16000)(wav)
-        inputs = tts.extract_features(wav_16k, sampling_rate=16000, return_tensors="pt")
-        features = tts.get_emb(inputs["input_features"].to(tts.device), inputs["attention_mask"].to(tts.device))
-        ref_mel = tts.mel_fn(wav_22k.to(features.device).float())
-        fbank = ta.compliance.kaldi.fbank(ta.transforms.Resample(rate, 16000)(again).to(ref_mel.device),
-                                          num_mel_bins=80, dither=0, sample_frequency=16000)
-        style = tts.campplus_model((fbank - fbank.mean(dim=0, keepdim=True)).unsqueeze(0))
-        frames = torch.LongTensor([ref_mel.size(2)]).to(ref_mel.device)
-        condition = tts.s2mel.models["length_regulator"](features, ylens=frames, n_quantizers=3, f0=None)[0]
-    return Voice(condition, ref_mel, style)
 
 
 def render_codes_25(tts: Any, voice: Voice, codes: np.ndarray) -> np.ndarray:

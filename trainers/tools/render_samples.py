@@ -132,7 +132,7 @@ def render(args: argparse.Namespace) -> list[str]:
     if note:
         warn(note)
     tts = upstream_tts.load_pipeline(upstream, args.model_dir, args.device)
-    voice = (upstream_tts.prompt_voice_25 if codes_only else upstream_tts.prompt_voice)(upstream, tts, args.prompt_audio)
+    voice = upstream_tts.prompt_voice(upstream, tts, args.prompt_audio, family)
     job.out.mkdir(parents=True, exist_ok=True)
     clips = []
     for i, sid in wanted:

@@ -80,12 +80,16 @@ def load_weights(module: Any, state: Mapping[str, Any], where: Path, may_lack: I
     shaped = [f"{k} {list(state[k].shape)} (model {list(own[k].shape)})" for k in own
               if k in state and isinstance(state[k], torch.Tensor) and tuple(state[k].shape) != tuple(own[k].shape)]
     problems = []
+
+    def some(keys: list[str], n: int = 3) -> str:
+        return ", ".join(keys[:n]) + (", ..." if len(keys) > n else "")
+
     if missing:
-        problems.append(f"{len(missing)} tensors missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        problems.append(f"{len(missing)} tensors missing ({some(missing)})")
     if shaped:
-        problems.append(f"{len(shaped)} of another shape ({', '.join(shaped[:2])}{', ...' if len(shaped) > 2 else ''})")
+        problems.append(f"{len(shaped)} of another shape ({some(shaped, 2)})")
     if extra and not may_add:
-        problems.append(f"{len(extra)} the model has no place for ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})")
+        problems.append(f"{len(extra)} the model has no place for ({some(extra)})")
     if problems:
         raise UserError(f"{where} does not fit the model its config describes: {'; '.join(problems)}. Part of the "
                         "model would keep random weights; pass the files of one official release (or a config "

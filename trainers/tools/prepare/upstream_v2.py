@@ -57,7 +57,8 @@ class IndexTTS2Backend:
         cfg = read_config(request.config)
         self.files: dict[str, Path] = {"config": request.config}
         bpe = request.tokenizer or model_dir / str(cfg.get("dataset", {}).get("bpe_model", "bpe.model"))
-        self.files["tokenizer"] = need_file(bpe, "the SentencePiece model", "pass --tokenizer or the checkpoints folder")
+        self.files["tokenizer"] = need_file(bpe, "the SentencePiece model",
+                                            "pass --tokenizer or the checkpoints folder")
         normalizer = inst.TextNormalizer(enable_glossary=True)
         normalizer.load()
         glossary = model_dir / "glossary.yaml"

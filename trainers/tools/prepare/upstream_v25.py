@@ -32,7 +32,8 @@ from trainers.families.indextts25.features import kept_ids
 from trainers.tools.prepare.backend import BackendRequest, Clip, Features, TextIds
 from trainers.tools.prepare.upstream_common import (
     Installation, conditioning_features, files_fingerprint, installation_fingerprint, load_clip, load_weights,
-    alone, need_file, quantized, to_array, prompt_wave, read_config, semantic_features, state_of, torch_file, w2v_frames,
+    alone, need_file, quantized, to_array, prompt_wave, read_config, semantic_features, state_of, torch_file,
+    w2v_frames,
 )
 
 W2V_DIR = "hf_cache/w2v-bert-2.0"  # infer_v2_5: a flat folder, local files only
