@@ -49,7 +49,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from benchmarks.acceptance import (  # noqa: E402
-    environment, model_checks, official_checks, run_checks, save_checks, step_checks,
+    environment, model_checks, official_checks, prepare_checks, run_checks, save_checks, step_checks,
 )
 from benchmarks.acceptance.context import Context  # noqa: E402
 from benchmarks.acceptance.corpus import IDX25, LABELS, family_of, read_gpt  # noqa: E402
@@ -73,14 +73,14 @@ CHECKS = (
     Check("machine", 0, 2, environment.machine, what="GPU, driver, torch, CUDA, free memory, /dev/shm (env.json)"),
     Check("dropout_masks", 1, 9, model_checks.dropout_masks, model_checks.dropout_masks_cpu_side,
           "v1, v2 and v3 masks identical on CUDA and the CPU (v3 compiled there; forward, backward, bf16)"),
-    Check("model_losses", 1, 24, model_checks.model_losses, model_checks.model_losses_cpu_side,
+    Check("model_losses", 1, 20, model_checks.model_losses, model_checks.model_losses_cpu_side,
           "2.0 and 2.5 at the official width: CPU vs CUDA fp32 (TF32 off), bf16 and fp16 vs fp32"),
     Check("official_step", 1, 40, step_checks.official_step, step_checks.official_step_cpu_side,
           "2.0 bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels, masks v2 vs v3, "
           "before/after"),
     Check("official_step_25", 1, 34, _25(step_checks.official_step), _25(step_checks.official_step_cpu_side),
           "2.5 bf16 step at the official config: probe, tokens/s, MFU, peak memory, syncs, kernels, masks v2 vs v3"),
-    Check("demo_resume", 1, 50, run_checks.demo_resume, run_checks.demo_resume_cpu_side,
+    Check("demo_resume", 1, 45, run_checks.demo_resume, run_checks.demo_resume_cpu_side,
           "2.0 and 2.5 (masks v3) demos SIGKILLed mid-step and resumed on CUDA: bit-identical with --deterministic"),
     Check("oom_and_precision", 1, 40, official_checks.oom_and_precision, official_checks.oom_and_precision_cpu_side,
           "2.0: a real CUDA out-of-memory error halved, ending as the halved size does; bf16 vs fp32 validation"),
@@ -88,10 +88,12 @@ CHECKS = (
           _25(official_checks.oom_and_precision_cpu_side), "the same for 2.5"),
     Check("background_save", 1, 27, save_checks.background_save, save_checks.background_save_cpu_side,
           "official-size save: loop blocked, background vs synchronous; pinned bytes; updates stay out"),
-    Check("cuda_checkpoint_on_cpu", 1, 14, run_checks.cuda_to_cpu, run_checks.cuda_to_cpu_cpu_side,
+    Check("cuda_checkpoint_on_cpu", 1, 11, run_checks.cuda_to_cpu, run_checks.cuda_to_cpu_cpu_side,
           "a CUDA-trained checkpoint resumed on the CPU", reuses=("demo_resume",)),
     Check("cuda_tests", 1, 12, model_checks.cuda_tests, model_checks.cuda_tests_cpu_side,
           "the tests that skip without CUDA, run with pytest"),
+    Check("prepare_rtf", 1, 12, prepare_checks.prepare_rtf, prepare_checks.prepare_rtf_cpu_side,
+          "indextts-prepare's upstream feature models at the official sizes, both models: real-time factor"),
     Check("official_trainer", 1, 40, official_checks.official_trainer, official_checks.official_trainer_cpu_side,
           "2.0 trainer at the official config, micro-batch probed, 4 steps: no out-of-memory, the loop's rate",
           on_request=True),

@@ -171,6 +171,13 @@ SMOKES: dict[str, Smoke] = {
         r"^SKIP background_save: .*CPU side passed\n  2\.0: state .* by a background save .* against .* by a "
         r"synchronous save",
         r"^gpu_acceptance: \d+ passed, 0 failed, \d+ skipped in \d+ s"), 80, one_thread=False),
+    "prepare_speed.py": Smoke(("--smoke",), (
+        rf"^indextts2, 8 clips of {NUM}-{NUM} s .*\n  features, one clip at a time +{NUM} utt/s  rounds: {NUM}\n"
+        rf"  features, batched \(16\) +{NUM} utt/s  rounds: {NUM}; {NUM}x; outputs equal: yes\n"
+        rf"  whole command, --batch-size 1 +{NUM} utt/s  rounds: {NUM}\n"
+        rf"  whole command, batched +{NUM} utt/s  rounds: {NUM}; {NUM}x; outputs equal: yes$",
+        rf"^indextts25, 8 clips of .*\n(.*\n){{3}}  whole command, batched +{NUM} utt/s .*outputs equal: yes$",
+        rf"^target: batched features >= 3x one clip at a time, outputs equal: {NUM}x -> not judged"), 4),
     "gpu_table.py": Smoke(("--smoke",), (
         r"^check at width 128, fp32: .*: equal$",
         r"^check at width 128, bf16: .*: equal$",

@@ -401,3 +401,58 @@ def test_new_language_pipeline_on_the_demo(demo_assets, tmp_path):
     assert "exists, kept" in again.stdout and tokenizer.read_bytes() == tokenizer_bytes
     assert "nothing to do" in (tmp_path / "run" / LOG_NAME).read_text()
     assert final_state(tmp_path / "run").step == 3
+
+
+PREPARE_UNDER_STAND_INS = r"""#!/usr/bin/env bash
+# Stands in for python: indextts-prepare (tools/prepare.py) runs with upstream's imports answered as
+# tests/upstream_features.py answers them in-process (no librosa, torchaudio or WeTextProcessing here); the rest
+# is the real interpreter.
+if [[ ${1:-} == */tools/prepare.py ]]; then
+    shift
+    exec "$REAL_PYTHON" -c 'import sys
+from tests.upstream_features import stand_ins
+from trainers.tools.prepare.cli import main
+with stand_ins():
+    status = main(sys.argv[1:])
+sys.exit(status)' "$@"
+fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+@pytest.mark.parametrize("family", ["indextts2", "indextts25"])
+def test_new_language_from_audio_to_an_exported_model(family, tmp_path):
+    """AUDIO_LIST: the script prepares the audio with the upstream backend (tiny upstream models,
+    tests/upstream_features.py), then (IndexTTS2) extends the tokenizer first and prepares with it, or (IndexTTS-2.5)
+    trains the language's rows; trains until done and exports."""
+    from tests import upstream_features as uf
+    from tests.test_prepare_upstream import utterance_list
+
+    folder = uf.model_dir(family)
+    uf.checkout(family)
+    words = ethiopic_words() if family == "indextts2" else None  # 2.0: a script its base tokenizer lacks
+    listing = utterance_list(tmp_path, words)
+    env = {"BASE_DIR": str(folder), "AUDIO_LIST": str(listing), "WORK_DIR": str(tmp_path / "work"),
+           "RUN_DIR": str(tmp_path / "run"), "INDEXTTS_DIR": str(uf.checkout(family)), "PREPARE_DEVICE": "cpu",
+           "TRAIN_UNTIL_DONE_BACKOFF": "0", "PYTHONPATH": str(REPO),
+           **wrapper(tmp_path, PREPARE_UNDER_STAND_INS)}
+    env.pop("ATTEMPTS")
+    if family == "indextts2":
+        rng, corpus = random.Random(2), tmp_path / "corpus.txt"
+        corpus.write_text("".join(" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) + "\n"
+                                  for _ in range(300)), encoding="utf-8")
+        env.update(TEXT_CORPUS=str(corpus), TARGET_VOCAB_SIZE="200")
+    else:
+        env.update(LANGUAGE="tr")
+    result = new_language(env, "--max-steps", "2", "--batch-size", "2", "--max-val-batches", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    which = "step 1/4" if family == "indextts25" else "step 2/5"  # 2.0: the tokenizer first
+    assert f"{which}: preparing {listing}" in result.stdout
+    state = final_state(tmp_path / "run")
+    assert state.step == 2
+    exported = yaml.safe_load((tmp_path / "run" / "export" / "config.yaml").read_text())
+    if family == "indextts2":
+        assert state.text_tokens == 200 and exported["gpt"]["number_text_tokens"] == 200
+        assert "re-tokenising" not in result.stdout  # prepare tokenised with the extended tokenizer
+    else:
+        assert str(exported["version"]) == "2.5" and (tmp_path / "run" / "export" / "gpt.pth").is_file()

@@ -80,6 +80,9 @@ def test_the_dry_run_reports_every_check_and_writes_the_results_folder(tmp_path_
     assert "demo25.yaml" in commands and "official_indextts25/train.jsonl" in commands
     assert report["machine"]["configs"]["2.0"].endswith("checkpoints/config.yaml")
     assert report["machine"]["configs"]["2.5"].endswith("official25/config.yaml")
+    # indextts-prepare's feature backends, both models, on upstream's own models (tiny on the CPU side)
+    rates = records["prepare_rtf"]["figures"]
+    assert rates["indextts2_rtf"] > 0 and rates["indextts25_rtf"] > 0 and rates["clips"] == 3
 
 
 def test_the_budgets_of_a_one_gpu_run_fit_five_minutes_with_both_models_and_the_machine_first():

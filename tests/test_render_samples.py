@@ -74,7 +74,7 @@ class IndexTTS2:
                  use_deepspeed=False, use_qwen_emo=True):
         CALLS.append(("init", cfg_path, model_dir, use_fp16, device, use_cuda_kernel, use_qwen_emo))
         self.device = "cpu"
-        self.semantic_codec = SimpleNamespace(quantize=lambda x: (None, x),
+        self.semantic_codec = SimpleNamespace(quantize=lambda x: (None, x), decode=self._decode,
                                               quantizer=SimpleNamespace(vq2emb=self._vq2emb))
         self.s2mel = SimpleNamespace(models={"gpt_layer": torch.nn.Linear(16, 4), "length_regulator": _Regulator(),
                                              "cfm": _CFM()})
@@ -83,6 +83,10 @@ class IndexTTS2:
         self.get_emb = lambda features, mask: features.repeat(1, 1, 4)
         self.mel_fn = lambda wav: torch.zeros(1, 8, wav.shape[-1] // 256)
         self.campplus_model = lambda fbank: fbank.mean(1)[:, :1].expand(1, 192)
+
+    def _decode(self, codes):  # IndexTTS-2.5: 25 Hz codes -> 50 Hz features
+        CALLS.append(("decode", codes.tolist()))
+        return codes.float().repeat_interleave(2, dim=1).unsqueeze(-1).expand(1, 2 * codes.shape[1], 4)
 
     def _vq2emb(self, codes):
         CALLS.append(("vq2emb", codes.shape))
@@ -122,11 +126,12 @@ def clean_imports(monkeypatch):
             del sys.modules[name]
 
 
-def fake_upstream(folder: Path, extra_import: str = "") -> Path:
-    """A checkout-shaped folder holding the test double of indextts.infer_v2."""
+def fake_upstream(folder: Path, extra_import: str = "", module: str = "infer_v2") -> Path:
+    """A checkout-shaped folder holding the test double of indextts.infer_v2 (or of infer_v2_5: the same double,
+    whose codec also decodes)."""
     (folder / "indextts").mkdir(parents=True)
     (folder / "indextts" / "__init__.py").write_text("")
-    (folder / "indextts" / "infer_v2.py").write_text(extra_import + textwrap.dedent(FAKE_INFER_V2))
+    (folder / "indextts" / f"{module}.py").write_text(extra_import + textwrap.dedent(FAKE_INFER_V2))
     return folder
 
 
@@ -357,3 +362,41 @@ def test_the_gpt_latent_is_upstreams_forward_over_the_samples_own_conditioning()
                                               torch.tensor([n]), codes[None], torch.tensor([7]), None, "upstream")
     assert latent.shape == (1, 7, ours.cfg.model_dim)
     torch.testing.assert_close(latent, h_mel[:, :7], rtol=1e-5, atol=1e-5)  # [start, codes...] positions
+
+
+def test_an_indextts25_model_renders_its_codes_through_infer_v2_5s_calls(setup, tmp_path, capsys):
+    """With the fake upstream (NOT the real models), a --model-dir of IndexTTS-2.5 (`version: 2.5`): infer_v2_5 is
+    imported, and each sample's codes go to the codec's decode (25 Hz -> 50 Hz), the length regulator at 1.72
+    frames per feature frame, the CFM and BigVGAN; no manifest is read (the run records none here) and no GPT runs."""
+    import yaml
+
+    from tests.demo_runs import DEMO25_CONFIG
+
+    run, _, flags = setup
+    (run / "run_config.json").write_text(json.dumps({"config": {"val_manifests": []}}))
+    models = tmp_path / "models25"
+    models.mkdir()
+    full_config(models / "config.yaml", DEMO25_CONFIG)
+    data = yaml.safe_load((models / "config.yaml").read_text())
+    del data["dataset"]
+    data["version"] = 2.5
+    (models / "config.yaml").write_text(yaml.safe_dump(data))
+    for name in ("gpt.pth", "s2mel.pth", "wav2vec2bert_stats.pt", "feat1.pt", "feat2.pt", "codec.pth",
+                 "multilingual_zh_ja_yue_char_del.tiktoken"):
+        (models / name).write_bytes(b"")
+    upstream25 = fake_upstream(tmp_path / "upstream25", module="infer_v2_5")
+    argv = [str(run), "--indextts-dir", str(upstream25), "--model-dir", str(models), "--prompt-audio", flags[-1]]
+    (models / "codec.pth").unlink()
+    assert main(argv) == 2
+    assert "lacks files its config.yaml names (codec.pth)" in capsys.readouterr().err
+    (models / "codec.pth").write_bytes(b"")
+    assert main(argv) == 0, capsys.readouterr().err
+    calls = sys.modules["indextts.infer_v2_5"].CALLS
+    assert not [c for c in calls if c[0] == "gpt"]
+    assert [c[1] for c in calls if c[0] == "decode"] == [[[0, 1, 2, 3, 4]], [[7, 8, 9, 10, 11, 12, 13]]]
+    regulated = [c for c in calls if c[0] == "length_regulator"]
+    assert [(c[1], c[2]) for c in regulated[1:]] == [(int(10 * 1.72), 3), (int(14 * 1.72), 3)]
+    audio = run / "samples" / "audio" / f"step_{STEP:08d}"
+    rate, samples = read_wav(audio / "demo_val_00001.wav")
+    assert rate == 22050 and samples.size == int(14 * 1.72) * 256
+    assert [c[2] for c in calls if c[0] == "load_audio"] == [15, 15]  # the prompt, and again for CAMPPlus

@@ -37,6 +37,9 @@ import torch.distributed.run
 
 import trainers.cli
 import trainers.main  # noqa: F401  (imported once, in the server: every fork has torch and the trainer)
+import trainers.tools.prepare.cli
+import trainers.tools.prepare.demo_backend  # noqa: F401  (indextts-prepare's processes: its backend and steps too)
+import trainers.tools.prepare.run  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "trainers" / "train_gpt_v2.py"
@@ -48,6 +51,7 @@ _context.set_forkserver_preload([__name__])
 COMMANDS: dict[str, tuple[str, Callable[[], object]]] = {
     "trainer": (str(SCRIPT), trainers.cli.train_command),  # python trainers/train_gpt_v2.py ...
     "torchrun": (torch.distributed.run.__file__, torch.distributed.run.main),  # python -m torch.distributed.run ...
+    "prepare": (str(REPO / "tools" / "prepare.py"), lambda: sys.exit(trainers.tools.prepare.cli.main())),
 }
 
 

@@ -55,10 +55,12 @@ class Wheel:
     top: str  # its top-level package
     members: tuple[str, ...]  # unpacked: a path, or a folder ending in "/"
     stubs: tuple[str, ...]  # modules imported at module level but never called by the model code
+    part: str = ""  # a second unpacking of the same wheel (other members) goes to a folder of its own
+    suffix: str = ""  # only members ending so (e.g. ".py")
 
     @property
     def folder(self) -> Path:
-        return CACHE / f"{self.name}-{self.version}"
+        return CACHE / f"{self.name}-{self.version}{'-' + self.part if self.part else ''}"
 
 
 UPSTREAM_V2 = Wheel(
@@ -73,6 +75,18 @@ UPSTREAM_V25 = Wheel(
     ("indextts25/gpt/", "indextts25/utils/__init__.py", "indextts25/utils/common.py",
      "indextts25/utils/tokenizer.py", "indextts25/utils/typical_sampling.py"),
     ("tiktoken",))
+# Whole packages (their Python files), for indextts-prepare's upstream backends (tests/upstream_features.py): the
+# feature models, text front ends and inference modules, imported from a folder as a user's checkout is.
+UPSTREAM_V2_CODE = Wheel(UPSTREAM_V2.name, UPSTREAM_V2.version, UPSTREAM_V2.sha256, "indextts", ("indextts/",), (),
+                         part="code", suffix=".py")
+UPSTREAM_V25_CODE = Wheel(UPSTREAM_V25.name, UPSTREAM_V25.version, UPSTREAM_V25.sha256, "indextts25",
+                          ("indextts25/",), (), part="code", suffix=".py")
+# torchaudio's own Python code (its Resample and Kaldi fbank, what IndexTTS inference calls): no torchaudio wheel
+# exists for this torch, but those functions are plain torch, so they run from the 2.8.0 wheel's source files with
+# its compiled extension left out. The wheel is CPython 3.11 / x86-64 Linux (the CI machine's): elsewhere pip
+# finds another file and the sha256 check refuses it.
+TORCHAUDIO = Wheel("torchaudio", "2.8.0", "776c0b4ba84b9e3ddf6304b9c47cd63549d7896a6f3d5184ece074cc3d76ed6b",
+                   "torchaudio", ("torchaudio/",), (), part="python", suffix=".py")
 
 
 class Unavailable(Exception):
@@ -131,8 +145,8 @@ def unpacked(wheel: Wheel) -> Path:
             whl = download(wheel, Path(tmp) / "download")
             target = Path(tmp) / "unpacked"
             with zipfile.ZipFile(whl) as z:
-                names = [n for n in z.namelist()
-                         if any(n == m or (m.endswith("/") and n.startswith(m)) for m in wheel.members)]
+                names = [n for n in z.namelist() if n.endswith(wheel.suffix)
+                         and any(n == m or (m.endswith("/") and n.startswith(m)) for m in wheel.members)]
                 z.extractall(target, names)
             (target / "COMPLETE").write_text(f"{wheel.name}=={wheel.version} sha256={wheel.sha256}\n")
             shutil.rmtree(wheel.folder, ignore_errors=True)
@@ -144,6 +158,14 @@ def _stub(name: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers probes find_spec() of some
     return module
+
+
+def fetched(wheel: Wheel) -> Path:
+    """The unpacked folder of `wheel`; skips or fails the calling test (see `unavailable`) when it cannot be had."""
+    root = _fetched(wheel)
+    if isinstance(root, str):
+        unavailable(root)
+    return root
 
 
 @functools.cache
@@ -159,9 +181,7 @@ def _fetched(wheel: Wheel) -> Path | str:
 def import_module(wheel: Wheel, module: str) -> types.ModuleType:
     """`<top>.<module>` of the wheel (e.g. UPSTREAM_V2, "gpt.model_v2"), imported once per process; skips or
     fails the calling test (see `unavailable`) when the wheel cannot be had."""
-    root = _fetched(wheel)
-    if isinstance(root, str):
-        unavailable(root)
+    root = fetched(wheel)
     importlib.import_module("transformers")  # first: it looks for torchaudio at import, which no stub may answer
 
     def ours(name: str) -> bool:

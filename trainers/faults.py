@@ -70,12 +70,14 @@ class KillPoint:
     launcher: int | None = None  # torchrun's pid, read at start: once it is gone the parent is someone else
 
     @classmethod
-    def from_env(cls) -> "KillPoint":
+    def from_env(cls, var: str = ENV_VAR) -> "KillPoint":
+        """The points armed by `var` (another tool names its own variable: indextts-prepare's
+        INDEXTTS_PREPARE_KILL_AT, trainers/tools/prepare/store.py)."""
         points = []
-        for spec in filter(None, map(for_this_process, (os.environ.get(ENV_VAR) or "").split(","))):
+        for spec in filter(None, map(for_this_process, (os.environ.get(var) or "").split(","))):
             machine = spec.startswith(MACHINE)
             if machine and "RANK" not in os.environ:
-                raise ValueError(f"{ENV_VAR}={spec}: {MACHINE} kills torchrun and its worker's process group; "
+                raise ValueError(f"{var}={spec}: {MACHINE} kills torchrun and its worker's process group; "
                                  "without torchrun that would be the caller's own")
             name, _, point = spec.removeprefix(MACHINE).rpartition("@")
             points.append((point, signal.Signals[name].value if name else signal.SIGKILL, machine))

@@ -20,6 +20,15 @@ and `prompt_voice` call in the same order with the same arguments (upstream ee40
 One difference, on purpose: inference conditions the GPT's forward on the prompt audio's features;
 here it is conditioned on the sample's own precomputed conditioning latent and emotion vector (the
 manifest's), the ones the codes were generated from, so the latent belongs to the codes.
+
+IndexTTS-2.5 (indextts/infer_v2_5.py, upstream v2.5.0, chosen by the config's `version: 2.5`) needs no GPT
+latent: its s2mel model reads the codes alone. `prompt_voice` (given the family) and `render_codes_25` follow its order:
+
+  the voice prompt: cut to 15 s, resampled to 22.05 and 16 kHz; the w2v-BERT features themselves (not
+      quantized) -> length regulator (the prompt condition); its mel; CAMPPlus on the fbank of the clip
+      loaded and resampled again, as infer_v2_5 does
+  each sample: semantic_codec.decode(codes) (25 Hz codes -> 50 Hz features), the length regulator at 1.72
+      frames per feature frame, the CFM after the prompt condition, the prompt's frames cut off, BigVGAN
 """
 from __future__ import annotations
 
@@ -42,6 +51,7 @@ from trainers.errors import UserError
 
 REPOSITORY = "https://github.com/index-tts/index-tts"
 MODELS = "https://huggingface.co/IndexTeam/IndexTTS-2"
+MODELS_25 = "https://huggingface.co/IndexTeam/IndexTTS-2.5"
 SAMPLE_RATE = 22050  # infer_v2 writes its waveforms at this rate (BigVGAN 22 kHz, 80 bands, hop 256)
 PROMPT_SECONDS = 15  # infer_v2 cuts the prompt audio to this
 FRAMES_PER_CODE = 1.72  # infer_v2's target mel length per code
@@ -49,11 +59,15 @@ DIFFUSION_STEPS = 25
 CFG_RATE = 0.7
 # config.yaml's files the pipeline opens in model_dir (QwenEmotion is not loaded here where upstream allows it).
 MODEL_FILE_KEYS = ("gpt_checkpoint", "dataset.bpe_model", "s2mel_checkpoint", "w2v_stat", "emo_matrix", "spk_matrix")
+# infer_v2_5 opens these beside the config's files; its tokenizer and codec names are fixed, not config keys.
+MODEL_FILE_KEYS_25 = ("gpt_checkpoint", "s2mel_checkpoint", "w2v_stat", "emo_matrix", "spk_matrix")
+MODEL_FILES_25 = ("codec.pth", "multilingual_zh_ja_yue_char_del.tiktoken")
+INDEXTTS25 = "indextts25"
 
 
-def install_help(problem: str, indextts_dir: Path | None) -> str:
+def install_help(problem: str, indextts_dir: Path | None, product: str = "IndexTTS2") -> str:
     where = f"under --indextts-dir {indextts_dir}" if indextts_dir else f"in this Python ({sys.executable})"
-    return (f"IndexTTS2 cannot be imported {where}: {problem}.\n"
+    return (f"{product} cannot be imported {where}: {problem}.\n"
             f"  Install it into this Python: git clone {REPOSITORY} && pip install -e ./index-tts "
             "(its requirements come with it; pass --indextts-dir ./index-tts to use a checkout without installing)\n"
             f"  --model-dir needs its checkpoints folder ({MODELS}): config.yaml, gpt.pth, bpe.model, s2mel.pth, "
@@ -69,31 +83,55 @@ class Upstream:
     torchaudio: ModuleType
 
 
-def import_upstream(indextts_dir: Path | None) -> Upstream:
-    """indextts.infer_v2 from `indextts_dir` (a checkout's root, or its indextts/ folder) or the installed
-    package; a UserError with the install instructions when it or a module it needs is missing."""
+def import_upstream(indextts_dir: Path | None, family: str = "indextts2") -> Upstream:
+    """indextts.infer_v2 (infer_v2_5 for IndexTTS-2.5) from `indextts_dir` (a checkout's root, or its indextts/
+    folder) or the installed package; a UserError with the install instructions when it or a module it needs is
+    missing."""
+    module = import_inference(indextts_dir, *(("infer_v2_5", "IndexTTS-2.5") if family == INDEXTTS25 else
+                                              ("infer_v2", "IndexTTS2")))
+    return Upstream(module, module_global(module, "torchaudio", indextts_dir))
+
+
+def import_inference(indextts_dir: Path | None, name: str, product: str) -> ModuleType:
+    """indextts.<name> (infer_v2 for IndexTTS2, infer_v2_5 for IndexTTS-2.5) of the user's installation: from
+    `indextts_dir` (a checkout's root or its indextts/ folder) or the installed package. The module must define
+    the class IndexTTS2 (both versions name their pipeline so); a UserError with the install instructions, naming
+    `product`, when it or a module it needs cannot be imported."""
     if indextts_dir is not None:
         if not indextts_dir.is_dir():
-            raise UserError(install_help(f"no such folder {indextts_dir}", indextts_dir))
-        root = indextts_dir.parent if (indextts_dir / "infer_v2.py").is_file() else indextts_dir
-        if not (root / "indextts" / "infer_v2.py").is_file():
-            raise UserError(install_help(f"{root} holds no indextts/infer_v2.py (not an IndexTTS2 checkout)",
-                                         indextts_dir))
+            raise UserError(install_help(f"no such folder {indextts_dir}", indextts_dir, product))
+        root = indextts_dir.parent if (indextts_dir / f"{name}.py").is_file() else indextts_dir
+        if not (root / "indextts" / f"{name}.py").is_file():
+            raise UserError(install_help(f"{root} holds no indextts/{name}.py (not an {product} checkout)",
+                                         indextts_dir, product))
     try:
         if indextts_dir is not None:
             _load_package("indextts", root)
-        module = importlib.import_module("indextts.infer_v2")
-        torchaudio = importlib.import_module("torchaudio")
+        module = importlib.import_module(f"indextts.{name}")
     except ModuleNotFoundError as exc:
         missing = exc.name or str(exc)
         what = "no module named 'indextts'" if missing.split(".")[0] == "indextts" else \
-            f"the module '{missing}' it needs is missing (IndexTTS2's requirements are not installed)"
-        raise UserError(install_help(what, indextts_dir)) from None
+            f"the module '{missing}' it needs is missing ({product}'s requirements are not installed)"
+        raise UserError(install_help(what, indextts_dir, product)) from None
     except Exception as exc:  # a broken install: a compiled extension that does not load, a syntax error
-        raise UserError(install_help(f"importing it failed ({type(exc).__name__}: {exc})", indextts_dir)) from None
+        raise UserError(install_help(f"importing it failed ({type(exc).__name__}: {exc})", indextts_dir,
+                                     product)) from None
     if not hasattr(module, "IndexTTS2"):
-        raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir))
-    return Upstream(module, torchaudio)
+        raise UserError(install_help(f"{module.__file__} has no IndexTTS2 class (IndexTTS 1.x?)", indextts_dir,
+                                     product))
+    return module
+
+
+def module_global(module: ModuleType, name: str, indextts_dir: Path | None) -> ModuleType:
+    """A library the inference module imported (torchaudio, librosa): the one inference itself calls."""
+    found = getattr(module, name, None)
+    if found is None:
+        try:
+            found = importlib.import_module(name)
+        except ModuleNotFoundError:
+            raise UserError(install_help(f"the module '{name}' it needs is missing (IndexTTS's requirements are "
+                                         "not installed)", indextts_dir)) from None
+    return found
 
 
 def _load_package(name: str, root: Path) -> None:
@@ -111,8 +149,22 @@ def _load_package(name: str, root: Path) -> None:
         raise
 
 
+def config_family(model_dir: Path) -> str:
+    """The model family of --model-dir's config.yaml ("indextts2" when it cannot be read: read_model_dir says why)."""
+    from trainers.families import family_for_config
+
+    try:
+        data = yaml.safe_load((model_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "indextts2"
+    return family_for_config(data).name if isinstance(data, dict) else "indextts2"
+
+
 def read_model_dir(model_dir: Path) -> dict[str, Any]:
-    """--model-dir's config.yaml, checked for the keys and files the pipeline opens; UserError naming what lacks."""
+    """--model-dir's config.yaml, checked for the keys and files the pipeline opens (those of its model family's
+    inference); UserError naming what lacks."""
+    from trainers.families import family_for_config
+
     config = model_dir / "config.yaml"
     if not config.is_file():
         raise UserError(f"--model-dir {model_dir} has no config.yaml: pass IndexTTS2's checkpoints folder ({MODELS}) "
@@ -122,15 +174,18 @@ def read_model_dir(model_dir: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UserError(f"{config} cannot be read as YAML ({' '.join(str(exc).split())})") from None
     data = data if isinstance(data, dict) else {}
-    missing = missing_inference_keys(data)
+    family = family_for_config(data)
+    name, models = family.inference_name, MODELS_25 if family.name == INDEXTTS25 else MODELS
+    missing = missing_inference_keys(data, family.inference_keys)
     if missing:
-        raise UserError(f"{config} lacks the keys IndexTTS2 inference reads: {', '.join(missing)}; use the full "
-                        "config.yaml of IndexTTS2's checkpoints folder (a trimmed training config cannot drive it)")
-    absent = [f"{key}: {value_at(data, key)}" for key in MODEL_FILE_KEYS
-              if not (model_dir / str(value_at(data, key))).exists()]
+        raise UserError(f"{config} lacks the keys {name} inference reads: {', '.join(missing)}; use the full "
+                        f"config.yaml of {name}'s checkpoints folder (a trimmed training config cannot drive it)")
+    keys, fixed = (MODEL_FILE_KEYS_25, MODEL_FILES_25) if family.name == INDEXTTS25 else (MODEL_FILE_KEYS, ())
+    absent = [f"{key}: {value_at(data, key)}" for key in keys if not (model_dir / str(value_at(data, key))).exists()]
+    absent += [f for f in fixed if not (model_dir / f).exists()]
     if absent:
         raise UserError(f"--model-dir {model_dir} lacks files its config.yaml names ({'; '.join(absent)}); copy or "
-                        f"link them from IndexTTS2's checkpoints folder ({MODELS})")
+                        f"link them from {name}'s checkpoints folder ({models})")
     return data
 
 
@@ -147,7 +202,8 @@ def load_pipeline(upstream: Upstream, model_dir: Path, device: str | None) -> An
     """upstream's IndexTTS2 for `model_dir`, in fp32, without the text-to-emotion model where it allows."""
     cls = upstream.infer_v2.IndexTTS2
     accepted = inspect.signature(cls).parameters
-    options = {"use_fp16": False, "use_cuda_kernel": False, "device": device, "use_qwen_emo": False}
+    options = {"use_fp16": False, "use_bf16": False, "use_cuda_kernel": False, "device": device,
+               "use_qwen_emo": False}
     kwargs = {k: v for k, v in options.items() if k in accepted}
     try:
         return cls(cfg_path=str(model_dir / "config.yaml"), model_dir=str(model_dir), **kwargs)
@@ -165,13 +221,17 @@ class Voice:
     style: Any
 
 
-def prompt_voice(upstream: Upstream, tts: Any, audio: Path) -> Voice:
-    """The prompt audio's condition, mel and style embedding, made by upstream's models as infer_v2 makes them."""
+def prompt_voice(upstream: Upstream, tts: Any, audio: Path, family: str = "indextts2") -> Voice:
+    """The prompt audio's condition, mel and style embedding, made by upstream's models as its inference makes
+    them. IndexTTS2: the condition from the codec-quantized w2v-BERT features. IndexTTS-2.5 (infer_v2_5): from the
+    features themselves, and CAMPPlus on the clip loaded and resampled a second time."""
     import torch
 
     ta = upstream.torchaudio
+    v25 = family == INDEXTTS25
     try:
         wav, rate = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)
+        again = tts._load_and_cut_audio(str(audio), PROMPT_SECONDS, False)[0] if v25 else None
     except Exception as exc:
         raise UserError(f"--prompt-audio {audio} cannot be read as audio ({type(exc).__name__}: {exc})") from None
     with torch.no_grad():
@@ -179,9 +239,10 @@ def prompt_voice(upstream: Upstream, tts: Any, audio: Path) -> Voice:
         wav_16k = ta.transforms.Resample(rate, 16000)(wav)
         inputs = tts.extract_features(wav_16k, sampling_rate=16000, return_tensors="pt")
         features = tts.get_emb(inputs["input_features"].to(tts.device), inputs["attention_mask"].to(tts.device))
-        _, semantic = tts.semantic_codec.quantize(features)
+        semantic = features if v25 else tts.semantic_codec.quantize(features)[1]
         ref_mel = tts.mel_fn(wav_22k.to(features.device).float())
-        fbank = ta.compliance.kaldi.fbank(wav_16k.to(ref_mel.device), num_mel_bins=80, dither=0,
+        campplus_16k = ta.transforms.Resample(rate, 16000)(again) if v25 else wav_16k
+        fbank = ta.compliance.kaldi.fbank(campplus_16k.to(ref_mel.device), num_mel_bins=80, dither=0,
                                           sample_frequency=16000)
         style = tts.campplus_model((fbank - fbank.mean(dim=0, keepdim=True)).unsqueeze(0))
         frames = torch.LongTensor([ref_mel.size(2)]).to(ref_mel.device)
@@ -220,6 +281,26 @@ def render_codes(tts: Any, voice: Voice, text_ids: np.ndarray, codes: np.ndarray
         semantic = semantic + models["gpt_layer"](latent)
         cond = models["length_regulator"](semantic, ylens=(code_lens * FRAMES_PER_CODE).long(), n_quantizers=3,
                                           f0=None)[0]
+        both = torch.cat([voice.prompt_condition, cond], dim=1)
+        mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(dev), voice.ref_mel, voice.style,
+                                      None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)
+        mel = mel[:, :, voice.ref_mel.size(-1):]
+        wav = tts.bigvgan(mel.float()).squeeze()
+    return wav.detach().float().cpu().numpy().reshape(-1)
+
+
+def render_codes_25(tts: Any, voice: Voice, codes: np.ndarray) -> np.ndarray:
+    """One sample's waveform (floats, about [-1, 1], at SAMPLE_RATE) from its 25 Hz codes, as infer_v2_5 renders
+    generated codes: the codec decodes them to 50 Hz features, 1.72 mel frames per feature frame."""
+    import torch
+
+    dev = tts.device
+    code = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=dev).unsqueeze(0)
+    with torch.no_grad():
+        models = tts.s2mel.models
+        semantic = tts.semantic_codec.decode(code)
+        lengths = torch.LongTensor([int(semantic.shape[1] * FRAMES_PER_CODE)]).to(dev)
+        cond = models["length_regulator"](semantic, ylens=lengths, n_quantizers=3, f0=None)[0]
         both = torch.cat([voice.prompt_condition, cond], dim=1)
         mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(dev), voice.ref_mel, voice.style,
                                       None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)

@@ -20,6 +20,9 @@ What it needs, and why:
       not their audio, so one clip is given for every sample (a clip of the target speaker).
   --manifest (default: the run's --val-manifest files): each sample's text ids, conditioning latent and
       emotion vector, found by sample id; the GPT's latent is conditioned on them, as the codes were.
+IndexTTS-2.5 (a --model-dir whose config.yaml says `version: 2.5`): upstream's infer_v2_5 renders the codes
+alone (its s2mel model reads no GPT latent), so neither the manifest nor the step's export is needed; its
+checkpoints folder also holds codec.pth and the .tiktoken file.
 
 Exit status 0; 2 with `error: ...` for a missing IndexTTS2 (what to install), a missing or damaged
 sample set, model files, prompt or manifest, and WAV files that exist already (--overwrite replaces
@@ -111,7 +114,8 @@ def write_tensorboard(log_dir: Path, step: int, clips: Sequence[tuple[str, np.nd
 
 def render(args: argparse.Namespace) -> list[str]:
     """Check every input, load upstream's models, write the WAVs (and TensorBoard); the summary lines."""
-    upstream = upstream_tts.import_upstream(args.indextts_dir)
+    family = upstream_tts.config_family(args.model_dir)
+    upstream = upstream_tts.import_upstream(args.indextts_dir, family)
     job = plan(args.run_dir, args.step, args.out, args.overwrite)
     config = upstream_tts.read_model_dir(args.model_dir)
     if not args.prompt_audio.is_file():
@@ -119,19 +123,20 @@ def render(args: argparse.Namespace) -> list[str]:
     s = job.sample_set
     wanted = [(i, sid) for i, sid in enumerate(s.ids) if len(s.codes[i])]
     check_codes(s, [i for i, _ in wanted], config["gpt"], args.model_dir)
-    inputs = sample_inputs(args.run_dir, args.manifest, config["gpt"], [sid for _, sid in wanted])
+    codes_only = family == upstream_tts.INDEXTTS25  # 2.5's s2mel reads no GPT latent: nothing else is needed
+    inputs = {} if codes_only else sample_inputs(args.run_dir, args.manifest, config["gpt"], [sid for _, sid in wanted])
     for i, sid in enumerate(s.ids):
         if not len(s.codes[i]):
             warn(f"sample {sid} of step {s.step} has no codes (it stopped at once): no WAV for it")
-    note = latent_note(args.model_dir, s.step)
+    note = None if codes_only else latent_note(args.model_dir, s.step)
     if note:
         warn(note)
     tts = upstream_tts.load_pipeline(upstream, args.model_dir, args.device)
-    voice = upstream_tts.prompt_voice(upstream, tts, args.prompt_audio)
+    voice = upstream_tts.prompt_voice(upstream, tts, args.prompt_audio, family)
     job.out.mkdir(parents=True, exist_ok=True)
     clips = []
     for i, sid in wanted:
-        clips.append((sid, _render_one(tts, voice, job, i, inputs[sid])))
+        clips.append((sid, _render_one(tts, voice, job, i, inputs.get(sid))))
     if args.tensorboard and clips:
         write_tensorboard(args.run_dir / "logs", s.step, clips, upstream_tts.SAMPLE_RATE)
     lines = [f"rendered {len(clips)} of {len(s.ids)} samples of step {s.step} to {job.out}"]
@@ -140,9 +145,14 @@ def render(args: argparse.Namespace) -> list[str]:
     return lines
 
 
-def _render_one(tts: Any, voice: upstream_tts.Voice, job: Job, i: int, x: SampleInputs) -> np.ndarray:
+def _render_one(tts: Any, voice: upstream_tts.Voice, job: Job, i: int, x: SampleInputs | None) -> np.ndarray:
+    """One sample's WAV: IndexTTS2 also needs its text and conditioning (`x`) for the GPT's latent; 2.5 (x None)
+    renders the codes alone."""
     s = job.sample_set
-    wav = upstream_tts.render_codes(tts, voice, x.text_ids, s.codes[i], x.condition, x.emo_vec)
+    if x is None:
+        wav = upstream_tts.render_codes_25(tts, voice, s.codes[i])
+    else:
+        wav = upstream_tts.render_codes(tts, voice, x.text_ids, s.codes[i], x.condition, x.emo_vec)
     path = job.out / f"{job.names[i]}.wav"
     write_wav(path, wav, upstream_tts.SAMPLE_RATE)
     ended = "stopped" if s.stopped[i] else "hit the length limit"
@@ -156,7 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step", type=int, help="the validation step to render (default: the newest set)")
     p.add_argument("--indextts-dir", type=Path, help="IndexTTS2 checkout (default: the installed indextts package)")
     p.add_argument("--model-dir", type=Path, required=True,
-                   help="the folder IndexTTS2 loads: config.yaml, gpt.pth, s2mel.pth, bpe.model, ...")
+                   help="the folder IndexTTS2 (or IndexTTS-2.5) loads: config.yaml, gpt.pth, s2mel.pth, ...")
     p.add_argument("--prompt-audio", type=Path, required=True, help="the voice prompt used for every sample")
     p.add_argument("--manifest", action="append", metavar="JSONL[::LANG]",
                    help="where the samples' text and conditioning are (default: the run's --val-manifest files)")
