@@ -38,7 +38,13 @@ def setup_logging() -> None:
     root.setLevel(logging.INFO)
 
 
-_FIELDS = ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct")
+# The sums a step's metrics keep, by the names the model's loss_sums gives them. Their order lays out the tensor
+# that holds them and the lists the processes of a torchrun job sum (all run the same code); a checkpoint saves
+# them by name (LogInterval), so a version that adds one resumes the open interval of an earlier version.
+SUMS = ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct")
+# The positional form every checkpoint held before the sums were saved by name ("sums": these, then the sample
+# count). Still written beside the named form, for earlier releases that read only it: never change it.
+POSITIONAL_SUMS = ("text_ce", "mel_ce", "text_tokens", "mel_tokens", "mel_correct")
 
 
 @dataclass
@@ -49,22 +55,22 @@ class StepMetrics:
     step's costs no host-device synchronisation; they are read once, by `means()`.
     """
 
-    sums: Any = None  # float64 tensor of the _FIELDS, on the device of the first add
+    sums: Any = None  # float64 tensor of the SUMS, on the device of the first add
     samples: int = 0
 
     def add(self, sums: dict[str, Any], samples: int) -> None:
-        values = torch.stack([torch.as_tensor(sums[k]).to(torch.float64) for k in _FIELDS])
+        values = torch.stack([torch.as_tensor(sums[k]).to(torch.float64) for k in SUMS])
         self.sums = values if self.sums is None else self.sums + values.to(self.sums.device)
         self.samples += samples
 
     def as_list(self) -> list[float]:
         """The sums and the sample count as plain numbers (one synchronisation), e.g. to all-reduce."""
-        return [*(self.sums.tolist() if self.sums is not None else [0.0] * len(_FIELDS)), float(self.samples)]
+        return [*(self.sums.tolist() if self.sums is not None else [0.0] * len(SUMS)), float(self.samples)]
 
     @classmethod
     def from_list(cls, values: list[float]) -> "StepMetrics":
         """The inverse of `as_list`."""
-        return cls(torch.tensor(values[: len(_FIELDS)], dtype=torch.float64), int(round(values[len(_FIELDS)])))
+        return cls(torch.tensor(values[: len(SUMS)], dtype=torch.float64), int(round(values[len(SUMS)])))
 
     def merge(self, other: "StepMetrics") -> None:
         if other.sums is not None:
@@ -78,12 +84,21 @@ class StepMetrics:
             total.merge(part)
         return total
 
+    def named(self) -> dict[str, float]:
+        """The sums by name (one synchronisation)."""
+        return dict(zip(SUMS, self.as_list()))
+
+    @classmethod
+    def from_named(cls, sums: dict[str, float], samples: int) -> "StepMetrics":
+        """The inverse of `named`; a sum it lacks is 0."""
+        return cls(torch.tensor([float(sums.get(k, 0.0)) for k in SUMS], dtype=torch.float64), samples)
+
     def means(self) -> dict[str, float]:
-        text_ce, mel_ce, text_tokens, mel_tokens, correct = self.sums.tolist() if self.sums is not None else [0.0] * 5
+        s = self.named()
         return {
-            "text_loss": text_ce / max(1.0, text_tokens),
-            "mel_loss": mel_ce / max(1.0, mel_tokens),
-            "mel_top1": correct / max(1.0, mel_tokens),
+            "text_loss": s["text_ce"] / max(1.0, s["text_tokens"]),
+            "mel_loss": s["mel_ce"] / max(1.0, s["mel_tokens"]),
+            "mel_top1": s["mel_correct"] / max(1.0, s["mel_tokens"]),
         }
 
 
@@ -113,13 +128,24 @@ class LogInterval:
         self.metrics, self.steps, self.seconds = StepMetrics(), 0, 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"sums": self.metrics.as_list(), "steps": self.steps, "seconds": float(self.seconds),
-                "lr": float(self.lr), "grad_norm": float(self.grad_norm)}
+        named = self.metrics.named()
+        return {"named_sums": named, "samples": self.metrics.samples,
+                "sums": [named.get(k, 0.0) for k in POSITIONAL_SUMS] + [float(self.metrics.samples)],
+                "steps": self.steps, "seconds": float(self.seconds), "lr": float(self.lr),
+                "grad_norm": float(self.grad_norm)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.metrics = StepMetrics.from_list(list(state["sums"])) if state["steps"] else StepMetrics()
+        named = state.get("named_sums")
+        if named is None:  # saved by a release that kept the sums by position only
+            named, samples = dict(zip(POSITIONAL_SUMS, state["sums"])), state["sums"][len(POSITIONAL_SUMS)]
+        else:
+            samples = state["samples"]
         self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
         self.lr, self.grad_norm = float(state["lr"]), float(state["grad_norm"])
+        self.metrics = StepMetrics.from_named(named, int(round(samples))) if self.steps else StepMetrics()
+        missing = [k for k in SUMS if k not in named]
+        if self.steps and missing:
+            log.info("the saved log interval lacks %s (an older version): counted from this resume", ", ".join(missing))
 
 
 def _io_errors_stop_the_run(method: Callable) -> Callable:
