@@ -27,10 +27,10 @@ from trainers.model.gpt_model import dropout_keys, packed_length
 from trainers.run.setup import Run
 from trainers.stop_signals import StopRequest
 from trainers.training.evaluation import autocast_for, batch_loss_sums
-from trainers.training.forgetting import language_figures
 from trainers.training.optimization import StepResult
 from trainers.training.step_failures import StepFailures
 from trainers.training.train_log import StepMetrics, TrainLog
+from trainers.training.validation_listeners import Validation
 
 log = logging.getLogger("train")
 
@@ -59,16 +59,16 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
             if skipped and diverged(run, result, skipped):
                 return EXIT_DIVERGED
             progress.step_done(metrics.samples)
+            run.listeners.step_done(progress.step)
             run.data.advance(plan)
             log_step(run, tlog, bar, plan, metrics, lr, result, time.perf_counter() - t0, first_step)
             last = progress.step == run.total_steps  # the caller validates and saves at the end
             if settings.val_interval and progress.step % settings.val_interval == 0 and not last:
-                evaluate(run, tlog, faults)
-                if progress.patience_spent(settings.early_stop_patience):
+                validation = evaluate(run, tlog, faults)
+                why = run.listeners.stop(validation) if validation else None
+                if why:
                     bar.close()
-                    return stop_early(run, tlog)
-                if run.forgetting.stops(run.guard):
-                    return stop_forgetting(run, tlog)
+                    return stop_after_validation(run, tlog, why)
                 run.model.train()
             stopping = run.world.agree_to_stop(stop)
             if (progress.step % settings.save_interval == 0 and not last) or stopping:
@@ -86,34 +86,15 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
     return None
 
 
-def stop_early(run: Run, tlog: TrainLog) -> int:
-    """Early stopping after a validation: the final checkpoint (best.pth was written at the best), status 0."""
-    progress, settings = run.progress, run.settings
+def stop_after_validation(run: Run, tlog: TrainLog, why: str) -> int:
+    """A listener ends the run after a validation (early stopping, the forgetting guard): the final checkpoint,
+    then `why` is said; status 0."""
+    progress = run.progress
     tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
     tlog.write_steps()
     run.checkpoints.save(progress.step)
     run.checkpoints.wait()  # complete before the trainer says so, or exits
-    best = progress.best or {}
-    log.info("early stop at step %d: %d validations in a row without a better %s than %s at step %s "
-             "(--early-stop-patience %d); best.pth holds that step. To train on, resume with a larger "
-             "--early-stop-patience", progress.step, progress.stale_validations, settings.best_metric,
-             best.get("value"), best.get("step"), settings.early_stop_patience)
-    return EXIT_OK
-
-
-def stop_forgetting(run: Run, tlog: TrainLog) -> int:
-    """--forgetting-stop after a validation past --forgetting-limit: the final checkpoint, status 0."""
-    progress, guard, forgetting = run.progress, run.guard, run.forgetting
-    tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
-    tlog.write_steps()
-    run.checkpoints.save(progress.step)
-    run.checkpoints.wait()  # complete before the trainer says so, or exits
-    best = progress.best or {}
-    past = "; ".join(b.describe(guard.limit) for b in forgetting.breaches(guard) or [])
-    log.info("forgetting stop at step %d: %s (--forgetting-limit %g). best.pth holds step %s, the best %s among the "
-             "validations within the limit; the last validation within it was step %s. To train on, resume with a "
-             "larger --forgetting-limit or --no-forgetting-stop", progress.step, past, guard.limit, best.get("step"),
-             run.settings.best_metric, forgetting.within_step)
+    log.info("%s", why)
     return EXIT_OK
 
 
@@ -224,67 +205,36 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 
-def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> dict[str, float] | None:
-    """Validation on a fixed set of samples; on out-of-memory, again from the start with half the batch."""
+def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> Validation | None:
+    """Validation on a fixed set of samples, handed to the run's listeners (None: no validation set)."""
     if run.val_loader is None:
         return None
-    faults.at("validation", run.progress.step)
+    step = run.progress.step
+    faults.at("validation", step)
+    by_lang = validation_losses(run, tlog, faults)
+    means = tlog.validation(step, by_lang)
+    bad = sorted(k for k, v in means.items() if not math.isfinite(v))
+    if bad:
+        raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
+    validation = Validation(step, final, by_lang, means, tlog, faults, run.checkpoints.save_best,
+                            lambda: validation_losses(run, tlog, faults))
+    run.listeners.validated(validation)
+    return validation
+
+
+def validation_losses(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, StepMetrics]:
+    """The loss sums per language of the validated samples; on out-of-memory, again with half the batch."""
     count = run.settings.validated_samples(len(run.val_loader.dataset))
     while True:
         metrics, error = validation_pass(run, count, faults)
         if error is None:
-            means = tlog.validation(run.progress.step, metrics)
-            bad = sorted(k for k, v in means.items() if not math.isfinite(v))
-            if bad:
-                raise TrainingDiverged(f"validation {', '.join(bad)} is {means[bad[0]]}")
-            generated = generate_samples(run, tlog, faults, final)
-            within = measure_forgetting(run, tlog, metrics, generated)
-            keep_if_best(run, {**means, **generated}, within is not False)
-            if generated:  # after best.pth, so the set of the best step is kept
-                run.generation.write(run.progress.step, generated, (run.progress.best or {}).get("step"))
-            return means
+            return metrics
         release_memory(run.hardware.device)
         run.hardware.halve_val_batch(error)
         val_batch = run.hardware.val_batch
         log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
                     "start there", error, val_batch, val_batch)
         tlog.scalar("hardware/val_batch", val_batch, run.progress.step)
-
-
-def generate_samples(run: Run, tlog: TrainLog, faults: Faults, final: bool) -> dict[str, float]:
-    """--sample-interval: the chosen samples' codes at this validation, and their gen/* metrics ({} if none)."""
-    gen, step = run.generation, run.progress.step
-    if gen is None or not gen.due(step, final):
-        return {}
-    t0 = time.perf_counter()
-    metrics = gen.run_at(run, before_batch=lambda size: faults.at("generation-batch", step, size=size),
-                         after_batch=lambda j: faults.at("generate", step, j))
-    tlog.generation(step, metrics, time.perf_counter() - t0)
-    return metrics
-
-
-def measure_forgetting(run: Run, tlog: TrainLog, by_lang: dict[str, StepMetrics],
-                       generated: dict[str, float]) -> bool | None:
-    """Each validation language's change from its base figures (log, TensorBoard, history); whether this
-    validation is within --forgetting-limit (None: no guard)."""
-    figures = language_figures({lang: m.means() for lang, m in by_lang.items()}, generated)
-    measured = run.forgetting.measure(run.progress.step, figures, run.guard)
-    tlog.forgetting(measured)
-    return measured.within
-
-
-def keep_if_best(run: Run, means: dict[str, float], eligible: bool = True) -> None:
-    """best.pth: the checkpoint of the best validation so far (compared across resumes too). A gen/* metric
-    is compared at the validations that generate only; the others count for nothing, early stopping included.
-    A validation past (or not judged within) --forgetting-limit is not `eligible`: it counts as no new best."""
-    metric, progress = run.settings.best_metric, run.progress
-    if metric not in means:
-        return
-    improved = eligible and progress.improves(metric, means)
-    progress.count_validation(improved)
-    if improved:
-        progress.best = {"metric": metric, "value": means[metric], "step": progress.step}
-        run.checkpoints.save_best(progress.step, metric, means[metric])
 
 
 def validation_pass(run: Run, count: int, faults: Faults) -> tuple[dict[str, StepMetrics], str | None]:

@@ -93,17 +93,9 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
     if run.progress.step >= run.total_steps:
         return nothing_to_do(run, tlog, "the run is already at step %d; pass a larger --max-steps or --epochs to "
                              "continue", run.progress.step)
-    run.progress.follow_best_metric(run.settings.best_metric)
-    if run.progress.patience_spent(run.settings.early_stop_patience):
-        return nothing_to_do(run, tlog, "the run stopped early at step %d after %d validations without a new best; "
-                             "pass a larger --early-stop-patience to continue", run.progress.step,
-                             run.progress.stale_validations)
-    breaches = run.forgetting.breaches(run.guard) if run.settings.forgetting_stop else None
-    if breaches:
-        return nothing_to_do(run, tlog, "the run stopped at step %d: its last validation (step %d) is past "
-                             "--forgetting-limit %g (%s); pass a larger --forgetting-limit or --no-forgetting-stop to "
-                             "continue", run.progress.step, run.forgetting.last["step"], run.settings.forgetting_limit,
-                             "; ".join(b.describe(run.settings.forgetting_limit) for b in breaches))
+    halted = run.listeners.halted(run.progress.step)  # a stop made before, at a validation (early stopping, ...)
+    if halted:
+        return nothing_to_do(run, tlog, "%s", halted)
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
                disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step

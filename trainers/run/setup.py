@@ -29,13 +29,13 @@ from trainers.hardware.precision import AmpChoice, choose_amp
 from trainers.model.frozen_rows import HeldRows
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
+from trainers.run.listeners import run_listeners
 from trainers.run.lock import RunLock
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.run_plan import plan_record
 from trainers.run.sample_sets import refuse_unusable_folder
 from trainers.run.schedule import log_lines, plan_schedule
-from trainers.run.validation_generation import ValidationGeneration
 from trainers.run.run_dir import (
     locate_run, read_saved_run, refuse_another_runs_checkpoint, run_dir_of, warn_new_run, write_start_files,
 )
@@ -44,8 +44,8 @@ from trainers.training.optimization import Optimization
 from trainers.training.distributed import World
 from trainers.training.torchrun_env import batch_summary
 from trainers.training.rank_zero import NoLock
-from trainers.training.forgetting import Forgetting, Guard
 from trainers.training.progress import TrainingProgress
+from trainers.training.validation_listeners import Listeners
 from trainers.training.rng import ProcessRNG
 
 log = logging.getLogger("train")
@@ -67,7 +67,6 @@ class Run:
     total_steps: int  # where this invocation stops: --max-steps or the end of --epochs, whichever is first
     lock: RunLock | NoLock
     world: World = field(default_factory=World)  # the processes of a torchrun job; one without torchrun
-    generation: ValidationGeneration | None = None  # --sample-interval: samples generated at validations
 
     @property
     def model(self) -> torch.nn.Module:
@@ -83,14 +82,9 @@ class Run:
         return self.hardware.split.micro_batch
 
     @property
-    def guard(self) -> Guard:
-        """--forgetting-limit's settings; its base languages default to the replay manifests' languages."""
-        return Guard.of(self.settings, self.data.mixing.languages if self.data.mixing else ())
-
-    @property
-    def forgetting(self) -> Forgetting:
-        """The forgetting measure's base figures and the guard's verdict (saved with the progress)."""
-        return self.progress.forgetting
+    def listeners(self) -> Listeners:
+        """What acts on validations and steps (trainers/run/listeners.py); their state is saved with the progress."""
+        return self.progress.listeners
 
     def validation_sets(self, count: int) -> dict[str, list[int]]:
         """The first `count` validation samples' indices, by language."""
@@ -126,7 +120,6 @@ def setup_run(cmd: CommandLine, world: World | None = None) -> Run:
         # Under torchrun the other processes of this machine start their loader processes too.
         workers = run.hardware.num_workers * sum(loader is not None for loader in (run.train_loader, run.val_loader))
         run.checkpoints.fit_to_host_memory(workers * world.local_size, world.local_size)
-        run.generation = ValidationGeneration.for_run(run)
     except BaseException:
         run.close()
         raise
@@ -192,7 +185,11 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     hardware = plan_hardware(rank_cfg, chosen, weights.model, inputs.train_samples, cfg.fingerprints["model_config"],
                        run_dir, write_cache=world.is_main, world_size=world.size, precision=precision)
     optim = build_optimization(cfg, weights, hardware.amp_dtype, hardware.device, schedule)
-    progress = TrainingProgress()
+    loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
+               if ds else None for ds in (data.dataset, val_set)]  # no process starts before the first batch
+    replayed = data.mixing.languages if data.mixing else ()
+    progress = TrainingProgress(listeners=run_listeners(cfg.settings, run_dir, weights.model, loaders[1], hardware,
+                                                        world, tuple(replayed)))
     background = cfg.settings.background_saves
     background = hardware.machine.is_cuda if background is None else background
     # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
@@ -211,8 +208,6 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
                           cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan, cfg.family,
                           resolution.branch)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
-    loaders = [StepLoader(ds, hardware.num_workers, hardware.device.type == "cuda", cfg.settings.seed)
-               if ds else None for ds in (data.dataset, val_set)]
     return Run(cfg, weights, optim, data, *loaders, progress, hardware, checkpoints, total, lock, world)
 
 

@@ -20,7 +20,9 @@ early stopping alike; rank 0 writes the set.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -35,6 +37,7 @@ from trainers.model.code_choice import Sampling
 from trainers.model.generation import generate_codes
 from trainers.run.sample_sets import SampleStore, new_set
 from trainers.training.generation_metrics import generation_metrics
+from trainers.training.validation_listeners import Validation, ValidationListener
 
 log = logging.getLogger("train")
 
@@ -44,8 +47,9 @@ KEEP_SETS = 5  # the newest sets kept under RUN_DIR/samples, besides the best ch
 
 
 @dataclass
-class ValidationGeneration:
-    """The run's generation at validation: the chosen samples, their reference lengths, the store."""
+class ValidationGeneration(ValidationListener):
+    """The run's generation at validation, a validation listener: the chosen samples, their reference lengths,
+    the store; what it generates with (the model, the validation loader, the hardware plan, the processes)."""
 
     interval: int
     chosen: GenerationSamples
@@ -54,35 +58,52 @@ class ValidationGeneration:
     highest: int  # the most codes the model's mel position table allows
     sampling: Sampling | None  # None: greedy
     seed: int
+    model: Any  # the run's UnifiedVoiceGPT
+    loader: Any  # the validation's StepLoader
+    hardware: Any  # the run's HardwarePlan: its device and validation batch
+    world: Any  # the run's World (trainers/training/distributed.py)
     batch: int = 0  # samples per generation batch once out of memory halved it (0: the validation batch)
-    pending: tuple[list[torch.Tensor], list[bool]] | None = None  # rank 0: the codes generated, until written
+    pending: tuple[list[torch.Tensor], list[bool], dict[str, float]] | None = None  # rank 0: until written
 
     @classmethod
-    def for_run(cls, run: Any) -> "ValidationGeneration | None":
-        """None when --sample-interval is 0 or there is no validation set."""
-        s = run.settings
+    def for_run(cls, s: Any, run_dir: Path, loader: Any, model: Any, hardware: Any,
+                world: Any) -> "ValidationGeneration | None":
+        """For the run's settings `s`; None when --sample-interval is 0 or there is no validation set."""
         interval = s.sample_interval
-        if not interval or run.val_loader is None:
-            if run.world.is_main and not interval and s.sample_temperature:
+        if not interval or loader is None:
+            if world.is_main and not interval and s.sample_temperature:
                 log.warning("--sample-temperature %g has no effect: generation at validation is off; pass "
                             "--sample-interval N to generate samples", s.sample_temperature)
-            elif run.world.is_main and interval:
+            elif world.is_main and interval:
                 log.warning("--sample-interval %d has no effect without a validation set: pass --val-manifest FILE "
                             "to generate samples", interval)
             return None
-        table = SampleTable.of(run.val_loader.dataset.samples)
+        table = SampleTable.of(loader.dataset.samples)
         chosen = generation_samples(table, s.seed)
         if chosen.left_out:
             log.warning("generation at validation: languages %s get no sample (the set holds at most %d); their "
                         "gen/* metrics are missing. Use fewer validation languages to hear them all",
                         ", ".join(str(lang) for lang in chosen.left_out), len(chosen.indices))
-        store = SampleStore(run.cfg.run_dir, KEEP_SETS) if run.world.is_main else None
+        store = SampleStore(run_dir, KEEP_SETS) if world.is_main else None
         if store is not None:
             store.clean_temporaries()
-        model = getattr(run.model, "module", run.model)  # DDP's wrapped model under torchrun
         sampling = Sampling(s.sample_temperature, s.sample_top_k, s.sample_top_p) if s.sample_temperature else None
         return cls(interval, chosen, [int(table.code_len[i]) for i in chosen.indices], store,
-                   model.cfg.max_mel_tokens + 2, sampling, s.seed)
+                   model.cfg.max_mel_tokens + 2, sampling, s.seed, model, loader, hardware, world)
+
+    def validated(self, v: Validation) -> None:
+        """At the validations due: the chosen samples' codes, their gen/* metrics reported and added to `v`."""
+        if not self.due(v.step, v.final):
+            return
+        t0, faults = time.perf_counter(), v.faults
+        metrics = self.run_at(v.step, before_batch=lambda size: faults.at("generation-batch", v.step, size=size),
+                              after_batch=lambda j: faults.at("generate", v.step, j))
+        v.log.report(v.step, metrics, [generation_line(v.step, metrics, time.perf_counter() - t0)], fields=metrics)
+        v.means.update(metrics)
+
+    def settled(self, v: Validation) -> None:
+        """The set is written after best.pth, so the set of the best step is kept."""
+        self.write(v.step, (v.best or {}).get("step"))
 
     def due(self, step: int, final: bool) -> bool:
         """Samples at validations of steps divisible by the interval (step 0 included) and at the end."""
@@ -97,26 +118,25 @@ class ValidationGeneration:
             return None
         return [torch.Generator(device).manual_seed(sample_seed(self.seed, p)) for p in positions]
 
-    def generate(self, run: Any, before_batch: Callable[[int], None],
+    def generate(self, step: int, before_batch: Callable[[int], None],
                  after_batch: Callable[[int], None]) -> tuple[list[torch.Tensor], list[bool]]:
         """Each chosen sample's codes (cut at its limit) and whether it stopped within it, in chosen order.
         This process generates its own samples (all of them without torchrun), in batches of the validation's
         size; out of memory halves the batch for the samples left and for later validations (the codes do not
         depend on the batch). The loop's fault points: `before_batch(size)` before each batch, `after_batch(j)`
         after the j-th."""
-        step, device = run.progress.step, run.hardware.device
-        model = getattr(run.model, "module", run.model)
+        device, val_batch = self.hardware.device, self.hardware.val_batch
         table = torch.zeros(len(self.chosen.indices), 2 + self.highest, dtype=torch.int64)
-        left = run.world.own_items(range(len(self.chosen.indices)))
+        left = self.world.own_items(range(len(self.chosen.indices)))
         done_batches = 0
         while left:
-            size = min(self.batch or run.hardware.val_batch, run.hardware.val_batch)
+            size = min(self.batch or val_batch, val_batch)
             chunks = [left[i: i + size] for i in range(0, len(left), size)]
             rows = [[self.chosen.indices[p] for p in chunk] for chunk in chunks]
             try:
-                for chunk, batch in zip(chunks, run.val_loader.batches([StepPlan(0, 0, rows)])):
+                for chunk, batch in zip(chunks, self.loader.batches([StepPlan(0, 0, rows)])):
                     before_batch(len(chunk))
-                    self._generate_batch(model, batch.to(device), chunk, table, device)
+                    self._generate_batch(self.model, batch.to(device), chunk, table, device)
                     left = left[len(chunk):]
                     after_batch(done_batches)
                     done_batches += 1
@@ -129,7 +149,7 @@ class ValidationGeneration:
             self.batch = halved(size, "generation at validation", error)
             log.warning("out of memory while generating samples at step %d (%s): generating in batches of %d from "
                         "here on (--val-batch-size sets where generation starts)", step, error, self.batch)
-        table = run.world.combine_parts(table, "generation at validation")
+        table = self.world.combine_parts(table, "generation at validation")
         return [row[2: 2 + int(row[0])].clone() for row in table], [bool(row[1]) for row in table]
 
     def _generate_batch(self, model: Any, b: Any, chunk: list[int], table: torch.Tensor, device: torch.device) -> None:
@@ -143,19 +163,20 @@ class ValidationGeneration:
             table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])  # the stop is the lim-th token at most
             table[p, 2: 2 + len(c)] = c
 
-    def run_at(self, run: Any, before_batch: Callable[[int], None],
+    def run_at(self, step: int, before_batch: Callable[[int], None],
                after_batch: Callable[[int], None]) -> dict[str, float]:
         """Generate (each process its part) and return the gen/* metrics, the same in every process."""
-        codes, stopped = self.generate(run, before_batch, after_batch)
+        codes, stopped = self.generate(step, before_batch, after_batch)
+        metrics = generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
         if self.store is not None:
-            self.pending = (codes, stopped)
-        return generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
+            self.pending = (codes, stopped, metrics)
+        return metrics
 
-    def write(self, step: int, metrics: dict[str, float], best_step: int | None) -> None:
-        """Rank 0: the set of this validation, atomically; the newest KEEP_SETS and the best's are kept."""
+    def write(self, step: int, best_step: int | None) -> None:
+        """Rank 0: the set generated at this validation, atomically; the newest KEEP_SETS and the best's are kept."""
         if self.store is None or self.pending is None:
             return
-        codes, stopped = self.pending
+        codes, stopped, metrics = self.pending
         self.pending = None
         settings: dict[str, Any] = {"search": "greedy", "kv_cache": True,
                                     "limit": f"{LIMIT_FACTOR} x reference + {LIMIT_SLACK}", "mel_positions": "upstream"}
@@ -172,6 +193,13 @@ class ValidationGeneration:
                         step, self.store.path_of(step), exc)
             return
         log.info("generation step %d: %d samples written to %s", step, len(codes), path)
+
+
+def generation_line(step: int, metrics: dict[str, float], seconds: float) -> str:
+    return (f"generation step {step} stop_rate {metrics['gen/stop_rate']:.3f} length_ratio_median "
+            f"{metrics['gen/length_ratio_median']:.3f} length_error_median {metrics['gen/length_error_median']:.3f} "
+            f"longest_run_median {metrics['gen/longest_run_median']:.1f} samples {int(metrics['gen/samples'])} "
+            f"seconds {seconds:.2f}")
 
 
 def sample_seed(seed: int, position: int) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from trainers.training.generation_metrics import HIGHER_IS_BETTER as GEN_HIGHER_IS_BETTER, NO_LANGUAGE, PREFIX
+from trainers.training.validation_listeners import Validation, ValidationListener
 
 HIGHER_IS_BETTER = frozenset({"mel_top1", *GEN_HIGHER_IS_BETTER})  # every other directed metric: lower is better
 LOSS_METRICS = ("text_loss", "mel_loss", "mel_top1")
@@ -55,9 +56,14 @@ def language_figures(by_lang: dict[str, dict[str, float]], generated: dict[str, 
     return figures
 
 
+def higher_is_better(metric: str) -> bool:
+    """Which way a validation metric is better: mel_top1 and gen/stop_rate higher, the others lower."""
+    return metric in HIGHER_IS_BETTER
+
+
 def worse_by(metric: str, base: float, now: float) -> float:
     """How much worse `now` is than `base`, as a fraction of the base (negative: better)."""
-    worse = base - now if metric in HIGHER_IS_BETTER else now - base
+    worse = base - now if higher_is_better(metric) else now - base
     if base == 0:
         return 0.0 if worse == 0 else math.copysign(math.inf, worse)
     return worse / abs(base)
@@ -245,3 +251,50 @@ class Measured:
                     name = f"{key[:-4]}_change_rel" if key.endswith("_rel") else f"{key}_change"
                     out[f"val/{lang}/{name}"] = value
         return out
+
+
+class ForgettingGuard(ValidationListener):
+    """The measure at every validation and --forgetting-limit's verdict, a validation listener: its state is the
+    "forgetting" entry of the progress section (absent before the measure: the next validation is the base)."""
+
+    key = "forgetting"
+
+    def __init__(self, guard: Guard, best_metric: str) -> None:
+        self.guard = guard
+        self.best_metric = best_metric  # for the stop's message
+        self.forgetting = Forgetting()
+
+    def validated(self, v: Validation) -> None:
+        """Each validation language's change from its base figures (log, TensorBoard, history); a validation
+        past the limit, or not judged within it, may not be best.pth."""
+        figures = language_figures({lang: m.means() for lang, m in v.by_lang.items()}, v.means)
+        measured = self.forgetting.measure(v.step, figures, self.guard)
+        v.log.report(v.step, measured.scalars(), measured.lines(), measured.warnings(), measured.fields())
+        if measured.within is False:
+            v.eligible = False
+
+    def stop(self, v: Validation) -> str | None:
+        """--forgetting-stop after a validation past the limit."""
+        if not self.forgetting.stops(self.guard):
+            return None
+        past = "; ".join(b.describe(self.guard.limit) for b in self.forgetting.breaches(self.guard) or [])
+        return (f"forgetting stop at step {v.step}: {past} (--forgetting-limit {self.guard.limit:g}). best.pth holds step "
+                f"{(v.best or {}).get('step')}, the best {self.best_metric} among the validations within the limit; "
+                f"the last validation within it was step {self.forgetting.within_step}. To train on, resume with a "
+                "larger --forgetting-limit or --no-forgetting-stop")
+
+    def halted(self, step: int) -> str | None:
+        breaches = self.forgetting.breaches(self.guard) if self.guard.stop else None
+        if not breaches:
+            return None
+        return (f"the run stopped at step {step}: its last validation (step {self.forgetting.last['step']}) is past "
+                f"--forgetting-limit {self.guard.limit:g} ({'; '.join(b.describe(self.guard.limit) for b in breaches)}); "
+                "pass a larger --forgetting-limit or --no-forgetting-stop to continue")
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.forgetting.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.forgetting = Forgetting()
+        if state is not None:
+            self.forgetting.load_state_dict(state)

@@ -141,10 +141,7 @@ class QuietLog:
     def scalar(self, *args: Any) -> None:
         pass
 
-    def generation(self, *args: Any) -> None:
-        pass
-
-    def forgetting(self, *args: Any) -> None:
+    def report(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def sample_ids(self, *args: Any) -> None:

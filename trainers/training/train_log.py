@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -271,28 +271,18 @@ class TrainLog:
         return means
 
     @_io_errors_stop_the_run
-    def generation(self, step: int, metrics: dict[str, float], seconds: float) -> None:
-        """The gen/* metrics of this step's generated samples: TensorBoard, a log line, the validation's history entry."""
-        for name, value in metrics.items():
-            self.writer.add_scalar(name, value, step)
-        log.info("generation step %d stop_rate %.3f length_ratio_median %.3f length_error_median %.3f "
-                 "longest_run_median %.1f samples %d seconds %.2f", step, metrics["gen/stop_rate"],
-                 metrics["gen/length_ratio_median"], metrics["gen/length_error_median"],
-                 metrics["gen/longest_run_median"], metrics["gen/samples"], seconds)
-        self._validation_entry(step).update(metrics)
-        self.writer.flush()
-
-    @_io_errors_stop_the_run
-    def forgetting(self, measured: Any) -> None:
-        """A validation's forgetting measure (trainers/training/forgetting.py Measured): its lines and warnings,
-        TensorBoard's val/LANG/*_change scalars, and the fields of the validation's history entry."""
-        for line in measured.lines():
+    def report(self, step: int, scalars: dict[str, float], lines: Sequence[str] = (), warnings: Sequence[str] = (),
+               fields: dict[str, Any] | None = None) -> None:
+        """A validation listener's part of the validation of `step`: TensorBoard scalars, log lines and warnings,
+        and the fields its history entry gains."""
+        for line in lines:
             log.info("%s", line)
-        for line in measured.warnings():
+        for line in warnings:
             log.warning("%s", line)
-        for name, value in measured.scalars().items():
-            self.writer.add_scalar(name, value, measured.step)
-        self._validation_entry(measured.step).update(measured.fields())
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, step)
+        if fields:
+            self._validation_entry(step).update(fields)
         self.writer.flush()
 
     def _validation_entry(self, step: int) -> dict[str, Any]:
