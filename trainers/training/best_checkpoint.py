@@ -1,13 +1,9 @@
-"""best.pth, and early stopping on it: two validation listeners (trainers/training/validation_listeners.py).
+"""best.pth and early stopping on it, two validation listeners (trainers/training/validation_listeners.py).
 
-best.pth is the checkpoint of the best validation so far, compared across resumes too: its record
-({"metric", "value", "step"}) is saved with every checkpoint. A validation that lacks the --best-metric (a gen/*
-metric at a validation that does not generate) is not compared, and counts for nothing, early stopping
-included; one that is not eligible (the forgetting guard's) counts as one without a new best.
-
-Early stopping (--early-stop-patience N) ends the run after N validations in a row without a new best; the
-count is saved, so a resumed run stops where the uninterrupted one does, and a resume of a stopped run does
-nothing unless the patience is raised.
+best.pth is the checkpoint of the best validation so far, compared across resumes too. A validation that lacks the
+--best-metric (a gen/* metric where nothing was generated) is not compared and counts for nothing, early stopping
+included; one that is not `eligible` (the forgetting guard's) counts as one without a new best. Early stopping
+(--early-stop-patience N) ends the run after N validations in a row without a new best.
 """
 from __future__ import annotations
 

@@ -246,28 +246,26 @@ class TrainLog:
         return means
 
     @_io_errors_stop_the_run
-    def validation(self, step: int, by_lang: dict[str, StepMetrics]) -> dict[str, float]:
-        """Log a validation; with several languages (--val-manifest F::LANG or the lines' "language"),
-        also each language's losses, as val/LANG/... in TensorBoard and "langs" in the history."""
-        metrics = StepMetrics.total(by_lang.values())
+    def validation(self, step: int, by_lang: dict[str, StepMetrics], model: str = "") -> dict[str, float]:
+        """Log a validation; with several languages (--val-manifest F::LANG or the lines' "language"), also each
+        language's losses, as val/LANG/... in TensorBoard and "langs" in the history. `model`: the figures of other
+        weights at this validation (a listener's, validated with Validation.again): val/MODEL/..., "validation step
+        S MODEL ..." and the step's history entry's MODEL/... fields."""
+        prefix, metrics = f"{model}/" if model else "", StepMetrics.total(by_lang.values())
         means = metrics.means()
-        for name, value in means.items():
-            self.writer.add_scalar(f"val/{name}", value, step)
-        log.info("validation step %d text_loss %.4f mel_loss %.4f mel_top1 %.4f samples %d",
-                 step, means["text_loss"], means["mel_loss"], means["mel_top1"], metrics.samples)
-        entry: dict[str, Any] = {"kind": "val", "step": step, **means}
+        fields: dict[str, Any] = {prefix + k: v for k, v in means.items()}
+        lines, scalars = [_validation_line(step, model, means, metrics.samples)], {}
         if len(by_lang) > 1:
-            entry["langs"] = {}
+            langs = fields[f"{prefix}langs"] = {}
             for lang, lang_metrics in sorted(by_lang.items()):
                 name = lang or "unknown"
-                lang_means = entry["langs"][name] = lang_metrics.means()
-                for key, value in lang_means.items():
-                    self.writer.add_scalar(f"val/{name}/{key}", value, step)
-                log.info("validation step %d language %s text_loss %.4f mel_loss %.4f mel_top1 %.4f samples %d", step,
-                         name, lang_means["text_loss"], lang_means["mel_loss"], lang_means["mel_top1"],
-                         lang_metrics.samples)
-        self.history.append(entry)
-        self.writer.flush()
+                langs[name] = lang_metrics.means()
+                scalars.update({f"val/{prefix}{name}/{k}": v for k, v in langs[name].items()})
+                lines.append(_validation_line(step, f"{model} language {name}".strip(), langs[name],
+                                              lang_metrics.samples))
+        if not model:
+            self.history.append({"kind": "val", "step": step})
+        self.report(step, {**{f"val/{prefix}{k}": v for k, v in means.items()}, **scalars}, lines, fields=fields)
         return means
 
     @_io_errors_stop_the_run
@@ -311,6 +309,11 @@ class TrainLog:
             log.debug("closing the TensorBoard writer: %s", exc)
         finally:
             self._quiet.restore()
+
+
+def _validation_line(step: int, what: str, means: dict[str, float], samples: int) -> str:
+    return (f"validation step {step} {what + ' ' if what else ''}text_loss {means['text_loss']:.4f} mel_loss "
+            f"{means['mel_loss']:.4f} mel_top1 {means['mel_top1']:.4f} samples {samples}")
 
 
 def clock_text(seconds: float) -> str:

@@ -1,29 +1,19 @@
-"""What acts on validations: the loop validates and hands the result to the run's listeners, in order.
+"""What acts on validations: the loop validates and hands a `Validation` to the run's listeners, in order (the
+list: trainers/run/listeners.py). A listener is one feature (best.pth, early stopping, the forgetting guard,
+generation at validation); it sees the record, not the run, and adding one leaves the loop as it is.
 
-A listener is one feature that acts on validations or steps: generation at validation, the forgetting guard,
-the best checkpoint, early stopping (the run's list: trainers/run/listeners.py). It gets a `Validation` and
-nothing else of the run; what else it needs (the model to generate with, its settings) it was given when it
-was built. Adding one adds it to the list; the loop stays as it is.
-
-The order of a validation:
-
-1. `validated(v)`, in list order: each updates its own state, and may add to `v` what later listeners judge:
-   metrics of its own (gen/*), whether the validation may be best.pth (`v.eligible`), a new best (`v.improved`).
-2. `settled(v)`, in reverse order, as nested with-blocks unwind: the listeners that measured first act last,
-   on the verdicts of those after them (best.pth is written with every listener's state of this validation,
-   the sample set after it, protecting the best step's).
-3. `stop(v)`, in reverse order: the first reason to end the run here ends it (the loop saves and exits 0).
-
-`halted(step)`, in reverse order before a resumed run trains: why it has nothing to do (a stop it made before).
-`step_done(step)`: after every optimizer step.
-
-Each owns its state: `state_dict()` / `load_state_dict()`, saved in the checkpoint's progress section under
-the listener's `key` (None: no state); a checkpoint written before the listener existed gives it None.
+At a validation each listener's `validated(v)` runs in list order: it updates its state and may add to `v` what
+later ones judge (metrics of its own, `eligible`, `improved`). Then `settled(v)` and `stop(v)` run in reverse
+order, as nested with-blocks unwind: those that measured first act on the verdicts of those after them (best.pth
+holds every listener's state of the validation; the sample set is written after it). The first reason `stop`
+gives ends the run. `halted(step)` (reverse order): why a resumed run has nothing to train; `step_done(step)`:
+after each optimizer step. Each owns its state (`state_dict` / `load_state_dict`), saved under its `key` in the
+checkpoint's progress section; a checkpoint written before it existed hands it None.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from trainers.faults import Faults
 from trainers.training.train_log import StepMetrics
@@ -81,9 +71,6 @@ class Listeners:
         keys = [x.key for x in self.listeners if x.key is not None]
         if len(keys) != len(set(keys)):
             raise ValueError(f"two listeners save their state under the same key: {keys}")
-
-    def __iter__(self) -> Iterator[ValidationListener]:
-        return iter(self.listeners)
 
     def validated(self, v: Validation) -> None:
         for listener in self.listeners:
