@@ -13,7 +13,7 @@ checkpoint's progress section; a checkpoint written before it existed hands it N
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from trainers.faults import Faults
 from trainers.training.train_log import StepMetrics
@@ -71,6 +71,9 @@ class Listeners:
         keys = [x.key for x in self.listeners if x.key is not None]
         if len(keys) != len(set(keys)):
             raise ValueError(f"two listeners save their state under the same key: {keys}")
+
+    def __iter__(self) -> Iterator[ValidationListener]:
+        return iter(self.listeners)
 
     def validated(self, v: Validation) -> None:
         for listener in self.listeners:
