@@ -32,6 +32,9 @@ AMP_MODES = ("auto", "bf16", "fp16", "off")
 # checks this list against it, here free of its numpy import).
 BEST_METRICS = ("mel_loss", "text_loss", "mel_top1", "gen/stop_rate", "gen/length_error_median",
                 "gen/longest_run_median", "gen/repeated_ngram_share")
+# The metrics a validation listener adds, by prefix: the setting that turns it on, and what a metric of it needs.
+METRIC_SOURCES = {"gen/": ("sample_interval", "a generation metric: pass --sample-interval N too (generation at "
+                                              "validation is off)")}
 
 
 def language_codes(text: str) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from trainers.config.declare import declared, value_problems
 from trainers.config.flags import CommandLine
 from trainers.config.manifest_flags import validation_share_problems
 from trainers.config.settings import (
-    DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, LORA_KEYS, LORA_TARGET_PATHS, TrainConfig,
+    DEMO_DEFAULTS, FIELD_NAMES, HARDWARE_KEYS, LORA_KEYS, LORA_TARGET_PATHS, METRIC_SOURCES, TrainConfig,
 )
 from trainers.data.mixing import share_problems
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
@@ -379,9 +379,7 @@ def check_values(cfg: TrainConfig) -> None:
     if unknown or not cfg.lora_targets:
         problems.append(f"--lora-targets must name projections from {', '.join(LORA_TARGET_PATHS)}, got "
                         f"{','.join(cfg.lora_targets)!r}")
-    if cfg.best_metric.startswith("gen/") and not cfg.sample_interval:
-        problems.append(f"--best-metric {cfg.best_metric} is a generation metric: pass --sample-interval N too "
-                        "(generation at validation is off)")
+    problems += metric_source_problems("--best-metric", cfg.best_metric, cfg)
     problems += forgetting_problems(cfg)
     if not cfg.sample_temperature and (cfg.sample_top_k or cfg.sample_top_p != 1.0):
         problems.append(f"--sample-top-k {cfg.sample_top_k} / --sample-top-p {cfg.sample_top_p} filter sampled codes, "
@@ -400,15 +398,20 @@ def check_values(cfg: TrainConfig) -> None:
 def forgetting_problems(cfg: TrainConfig) -> list[str]:
     """The guard's settings on their own (whether its languages are validated is checked with the manifests)."""
     problems = []
-    if cfg.forgetting_limit and str(cfg.forgetting_metric).startswith("gen/") and not cfg.sample_interval:
-        problems.append(f"--forgetting-metric {cfg.forgetting_metric} is a generation metric: pass --sample-interval N "
-                        "too (generation at validation is off)")
+    if cfg.forgetting_limit:
+        problems += metric_source_problems("--forgetting-metric", str(cfg.forgetting_metric), cfg)
     if cfg.forgetting_stop and not cfg.forgetting_limit:
         problems.append("--forgetting-stop ends the run at a validation past --forgetting-limit, which is 0 (off): pass "
                         "--forgetting-limit X (e.g. 0.1 for a 10% rise), or --no-forgetting-stop")
     if any(not lang for lang in cfg.base_languages):
         problems.append("--base-language: an empty language; name a language of the validation (--val-manifest V::LANG)")
     return problems
+
+
+def metric_source_problems(flag: str, metric: str, cfg: TrainConfig) -> list[str]:
+    """A metric of a validation listener that is off (METRIC_SOURCES) is never measured."""
+    return [f"{flag} {metric} is {needs}" for prefix, (key, needs) in METRIC_SOURCES.items()
+            if metric.startswith(prefix) and not getattr(cfg, key)]
 
 
 def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, text_tokens: int,

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from trainers.training.generation_metrics import HIGHER_IS_BETTER as GEN_HIGHER_IS_BETTER, NO_LANGUAGE, PREFIX
+from trainers.training.generation_metrics import HIGHER_IS_BETTER as GEN_HIGHER_IS_BETTER, NO_LANGUAGE
 from trainers.training.validation_listeners import Validation, ValidationListener
 
 HIGHER_IS_BETTER = frozenset({"mel_top1", *GEN_HIGHER_IS_BETTER})  # every other directed metric: lower is better
@@ -41,16 +41,18 @@ _COUNTS = "samples"  # gen/samples: a count, not a figure of the model
 Figures = dict[str, dict[str, float]]  # language -> metric -> value
 
 
-def language_figures(by_lang: dict[str, dict[str, float]], generated: dict[str, float]) -> Figures:
-    """Per validation language ("unknown" for samples without one): its losses and, where this validation
-    generated, its gen/* metrics (gen/LANG/m, or the overall gen/m when the validation has one language)."""
+def language_figures(by_lang: dict[str, dict[str, float]], metrics: dict[str, float]) -> Figures:
+    """Per validation language ("unknown" for samples without one): its losses and the metrics validation listeners
+    added to this validation (gen/*): P/LANG/m as that language's P/m, or the overall P/m where the validation has
+    one language."""
     figures = {(lang or NO_LANGUAGE): {k: float(v) for k, v in means.items()} for lang, means in by_lang.items()}
-    for key, value in generated.items():
-        parts = key[len(PREFIX):].split("/") if key.startswith(PREFIX) else []
-        if parts and parts[-1] == _COUNTS:
+    for key, value in metrics.items():
+        prefix, _, rest = key.partition("/")
+        parts = rest.split("/") if rest else []
+        if not parts or parts[-1] == _COUNTS:
             continue
         if len(parts) == 2 and parts[0] in figures:
-            figures[parts[0]][PREFIX + parts[1]] = float(value)
+            figures[parts[0]][f"{prefix}/{parts[1]}"] = float(value)
         elif len(parts) == 1 and len(figures) == 1:
             next(iter(figures.values()))[key] = float(value)
     return figures
