@@ -64,6 +64,14 @@ SMOKES: dict[str, Smoke] = {
         rf"{NUM} s$",
         rf"^  2\.5 in blocks +60510 columns \(fp32 logits {NUM} GB\): keeps {NUM} GB for backward; peak adds {NUM} GB; "
         rf"{NUM} s$"), 16),
+    "ema.py": Smoke(("--smoke",), (
+        r"^\| step \| weights \| EMA [\d.]+ \|$",
+        rf"^\| 8 \| {NUM} \| {NUM} \|$",
+        r"^the weights' validation is the same in every run: yes$",
+        rf"^memory, official config, full fine-tuning: [\d,]+ trained values, the average {NUM} GB fp32",
+        rf"^memory, official config, LoRA r8: [\d,]+ trained values, the average {NUM} GB fp32",
+        rf"^time, .*, 2 layers \([\d,]+ trained values\): EMA update {NUM} ms, training step {NUM} s: \+{NUM}% per "
+        r"step"), 12),
     "generation_cost.py": Smoke(("--smoke",), (
         rf"^demo \(checkpoints/demo\.yaml: width \d+, \d+ layers, \d+ heads\), texts 24-48 ids, \d+ codes each:\n"
         rf"  kv cache  {NUM} s \({NUM} ms per step of the batch; runs {NUMS}\)\n"

@@ -62,7 +62,8 @@ def test_older_runs_get_the_values_they_trained_with():
         s.name: s.legacy for s in declared(TrainConfig) if s.name in completed}
     assert completed["dropout_masks"] == "v1" and completed["data_order"] == "random"
     assert set(TrainConfig().to_dict()) == {f.name for f in fields(TrainConfig)} - {
-        "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "new_languages", "new_rows_lr_scale"}
+        "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "new_languages", "new_rows_lr_scale", "ema_decay",
+        "ema_start"}
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,11 @@ AMP_MODES = ("auto", "bf16", "fp16", "off")
 # (trainers/training/generation_metrics.py owns which way each is better; tests/test_generation_at_validation.py
 # checks this list against it, here free of its numpy import).
 BEST_METRICS = ("mel_loss", "text_loss", "mel_top1", "gen/stop_rate", "gen/length_error_median",
-                "gen/longest_run_median", "gen/repeated_ngram_share")
+                "gen/longest_run_median", "gen/repeated_ngram_share", "ema/mel_loss", "ema/text_loss", "ema/mel_top1")
 # The metrics a validation listener adds, by prefix: the setting that turns it on, and what a metric of it needs.
 METRIC_SOURCES = {"gen/": ("sample_interval", "a generation metric: pass --sample-interval N too (generation at "
-                                              "validation is off)")}
+                                              "validation is off)"),
+                  "ema/": ("ema_decay", "a metric of the EMA of the weights: pass --ema-decay D too (it is off)")}
 
 
 def language_codes(text: str) -> tuple[str, ...]:
@@ -177,6 +178,14 @@ class TrainConfig:
         shown="all four", legacy=tuple(LORA_TARGET_PATHS), saved_if=_lora_run)
     lora_dropout: float = setting(0.0, "dropout on each adapter's input, keyed by sample", resume=RESULT,
                                   bound=finite(0.0, 1.0, high_open=True), legacy=0.0, saved_if=_lora_run)
+    # The moving average of the trained weights (trainers/training/ema.py): it changes no weight, but what best.pth and
+    # an --ema export hold. A decay of 1 would never move from the first weights. Left out of runs without it.
+    ema_decay: float = setting(
+        0.0, "keep an exponential moving average of the trained weights with this decay per step, validated as ema/* "
+        "metrics and exported with indextts-export --ema (0: off; e.g. 0.999)", resume=RESULT,
+        bound=finite(0.0, 1.0, high_open=True), legacy=0.0, saved_if=differs_from_legacy)
+    ema_start: int = setting(0, "the moving average equals the weights up to this step, then averages them",
+                             resume=RESULT, bound=count(), legacy=0, saved_if=differs_from_legacy)
     # Run-time choices that do not change the result beyond float rounding.
     # Mixed precision: auto is bf16 on GPUs that have it, fp16 with a loss scaler on older GPUs, fp32 on the CPU
     # (trainers/hardware/precision.py).

@@ -52,6 +52,7 @@ from trainers.tools.export_output import check_output, write_export
 from trainers.checkpoint import adapter_file
 from trainers.checkpoint.lora_export import ADAPTER_NAME, adapter_file_of, merged_state
 from trainers.tools.run_files import WHICH_HELP
+from trainers.training.ema import with_averages
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -95,8 +96,13 @@ class Export:
 
 
 def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32", config: Path | None = None,
-           tokenizer: Path | None = None, base: Path | None = None) -> Export:
+           tokenizer: Path | None = None, base: Path | None = None, ema: bool = False) -> Export:
     source = read_source(target, which)
+    if ema:  # the moving average of the trained tensors in their place; the rest as it is
+        source.checkpoint = with_averages(source.checkpoint, source.path)
+        source.state = dict(source.checkpoint.model)
+        source.notes.append(f"--ema: the moving average of the weights (--ema-decay "
+                            f"{source.checkpoint.settings['ema_decay']:g}), not the weights of step {source.checkpoint.step}")
     path = source.path
     lora = source.checkpoint.lora if source.checkpoint else None
     if base is not None and lora is None:
@@ -114,7 +120,8 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
     tokenizer_bytes = inference.tokenizer.read_bytes()
     ckpt = source.checkpoint
     info = {"source": str(path.resolve()), "kind": source.kind, "step": ckpt.step if ckpt else None,
-            "run_id": ckpt.run_id if ckpt else None, "dtype": dtype, "text_tokens": text_tokens}
+            "run_id": ckpt.run_id if ckpt else None, "dtype": dtype, "text_tokens": text_tokens,
+            **({"ema": True} if ema else {})}
     try:
         files = write_export(out, {
             GPT_NAME: lambda f: torch.save({"model": state}, f),
@@ -127,10 +134,12 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
     return Export(source, out, dtype, selection, inference, text_tokens, files)
 
 
-def export_adapter(target: Path, out: Path, which: str | None = None) -> str:
+def export_adapter(target: Path, out: Path, which: str | None = None, ema: bool = False) -> str:
     """--adapter-only: a LoRA checkpoint's adapters, trained rows, settings and base as an adapter file in `out`."""
     source = read_source(target, which)
     path, ckpt = source.path, source.checkpoint
+    if ema and ckpt is not None and ckpt.lora is not None:
+        ckpt = with_averages(ckpt, path)
     if ckpt is None or ckpt.lora is None:
         raise UserError(f"--adapter-only: {path} is not a checkpoint of a LoRA run (--lora-rank); it has no adapters")
     adapter = adapter_file_of(ckpt)
@@ -165,6 +174,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                        "an official gpt.pth the config's dataset.bpe_model)")
     parser.add_argument("--base", type=Path, help="a LoRA checkpoint's base gpt.pth, where it is not at the path "
                                                   "saved with the run (it must be the same file: sha256 checked)")
+    parser.add_argument("--ema", action="store_true", help="export the moving average of the weights a run kept "
+                        "(--ema-decay) instead of its weights")
     parser.add_argument("--adapter-only", action="store_true",
                         help=f"a LoRA checkpoint: write its adapters alone as {ADAPTER_NAME} (an adapter file for "
                              "indextts-merge-lora) instead of the merged model")
@@ -176,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.adapter_only:
-            print(export_adapter(args.source, args.out, args.which))
+            print(export_adapter(args.source, args.out, args.which, args.ema))
             return 0
-        result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer, args.base)
+        result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer, args.base, args.ema)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
