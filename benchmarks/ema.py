@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the moving average of the weights (--ema-decay) gives and costs.
 
-    python benchmarks/ema.py [--work-dir DIR] [--decays 0.9,0.97,0.99] [--repeats 5] [--smoke]
+    python benchmarks/ema.py [--work-dir DIR] [--decays 0.9,0.97,0.99] [--repeats 5] [--cost-only] [--smoke]
 
 1. What it gives, on the demo (checkpoints/demo.yaml, its corpus and settings: 240 steps, learning rate 3e-3 with 20
    warmup steps and a cosine to 3e-4, dropout 0), through the trainer's main() in this process: the same run
@@ -14,6 +14,7 @@
    backward, clipping, AdamW; 2 samples of 394 positions, fp32, dropout 0.1) of the official width with 2 of its
    24 layers on this CPU, medians of --repeats after a warm-up. Both grow with the layers, so their ratio is about
    that of the whole model. A validation with the average costs a second loss pass over the validation samples.
+   --cost-only: part 2 alone.
 
 --smoke (tests/test_benchmarks.py): 8 demo steps, one decay, width 64: it checks the script, its figures mean nothing.
 Exit 0 unless a run fails (2) or the weights differ between the runs (1).
@@ -53,6 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work-dir", type=Path, default=None, help="where the demo runs go [a fresh temp dir]")
     p.add_argument("--decays", default="0.9,0.97,0.99", help="comma-separated --ema-decay values")
     p.add_argument("--repeats", type=int, default=5, help="timed updates and steps (>= 3)")
+    p.add_argument("--cost-only", action="store_true", help="the memory and time only, no demo runs")
     p.add_argument("--smoke", action="store_true", help="a few steps, one decay: checks the script runs")
     args = p.parse_args()
     args.decays = [float(d) for d in args.decays.split(",")][: 1 if args.smoke else None]
@@ -110,37 +112,47 @@ def update_and_step(smoke: bool, repeats: int) -> tuple[int, list[float], list[f
     return sum(p.numel() for p in params), updates, steps
 
 
-def main() -> int:
-    args = parse_args()
-    given = args.work_dir is not None
-    work = args.work_dir.resolve() if given else Path(tempfile.mkdtemp(prefix="ema-"))
-    started = time.monotonic()
-    print(f"machine: {platform.machine()}, torch {torch.__version__}, CPU, {torch.get_num_threads()} threads")
-    try:
-        steps = SMOKE_STEPS if args.smoke else STEPS
-        runs = {decay: demo_run(work, decay, steps) for decay in args.decays}
-        weights = [[v["mel_loss"] for v in vals] for vals in runs.values()]
-        same = all(w == weights[0] for w in weights)
-        print(f"demo, {steps} steps, validation mel loss of the weights and of their average (--ema-decay D, "
-              "--ema-start 0):")
-        print("| step | weights | " + " | ".join(f"EMA {d:g}" for d in runs) + " |")
-        print("|---|---|" + "---|" * len(runs))
-        for i, v in enumerate(next(iter(runs.values()))):
-            print(f"| {v['step']} | {v['mel_loss']:.4f} | "
-                  + " | ".join(f"{vals[i]['ema/mel_loss']:.4f}" for vals in runs.values()) + " |")
-        print(f"the weights' validation is the same in every run: {'yes' if same else 'NO'}")
-    finally:
-        if not given:
-            shutil.rmtree(work, ignore_errors=True)
+def quality(work: Path, decays: list[float], steps: int) -> bool:
+    """Part 1: the table; whether the weights' validation is the same in every run."""
+    runs = {decay: demo_run(work, decay, steps) for decay in decays}
+    weights = [[v["mel_loss"] for v in vals] for vals in runs.values()]
+    same = all(w == weights[0] for w in weights)
+    print(f"demo, {steps} steps, validation mel loss of the weights and of their average (--ema-decay D, "
+          "--ema-start 0):")
+    print("| step | weights | " + " | ".join(f"EMA {d:g}" for d in runs) + " |")
+    print("|---|---|" + "---|" * len(runs))
+    for i, v in enumerate(next(iter(runs.values()))):
+        print(f"| {v['step']} | {v['mel_loss']:.4f} | "
+              + " | ".join(f"{vals[i]['ema/mel_loss']:.4f}" for vals in runs.values()) + " |")
+    print(f"the weights' validation is the same in every run: {'yes' if same else 'NO'}")
+    return same
+
+
+def costs(smoke: bool, repeats: int) -> None:
+    """Part 2: memory at the official config, time at the official width."""
     for rank, name in ((0, "full fine-tuning"), (8, "LoRA r8")):
         trained = counts(rank)["trainable"]
         print(f"memory, official config, {name}: {trained:,} trained values, the average {4 * trained / GB:.3f} GB "
               "fp32 (and as much more in each checkpoint)")
-    values, updates, step_times = update_and_step(args.smoke, args.repeats)
+    values, updates, step_times = update_and_step(smoke, repeats)
     update, step = statistics.median(updates), statistics.median(step_times)
-    print(f"time, {'--smoke width' if args.smoke else 'official width'}, 2 layers ({values:,} trained values): "
+    print(f"time, {'--smoke width' if smoke else 'official width'}, 2 layers ({values:,} trained values): "
           f"EMA update {1000 * update:.2f} ms, training step {step:.3f} s: +{100 * update / step:.2f}% per step  "
           f"rounds: {', '.join(f'{1000 * t:.2f}' for t in updates)} ms")
+
+
+def main() -> int:
+    args = parse_args()
+    started, same = time.monotonic(), True
+    print(f"machine: {platform.machine()}, torch {torch.__version__}, CPU, {torch.get_num_threads()} threads")
+    if not args.cost_only:
+        work = args.work_dir.resolve() if args.work_dir else Path(tempfile.mkdtemp(prefix="ema-"))
+        try:
+            same = quality(work, args.decays, SMOKE_STEPS if args.smoke else STEPS)
+        finally:
+            if args.work_dir is None:
+                shutil.rmtree(work, ignore_errors=True)
+    costs(args.smoke, args.repeats)
     print(f"total {time.monotonic() - started:.0f} s")
     return 0 if same else 1
 
