@@ -9,7 +9,7 @@ from trainers.config.settings import TrainConfig
 from trainers.run.validation_generation import ValidationGeneration
 from trainers.training.best_checkpoint import BestCheckpoint, EarlyStopping
 from trainers.training.ema import ema_listeners
-from trainers.training.forgetting import ForgettingGuard, Guard
+from trainers.training.forgetting import Forgetting, Guard
 from trainers.training.validation_listeners import Listeners
 
 
@@ -21,7 +21,7 @@ def run_listeners(settings: TrainConfig, run_dir: Path, model: Any, val_loader: 
     return Listeners([
         *([generation] if generation else []),
         *ema_listeners(settings, model),
-        ForgettingGuard(Guard.of(settings, replayed), settings.best_metric),
+        Forgetting(guard=Guard.of(settings, replayed), best_metric=settings.best_metric),
         best,
         EarlyStopping(settings.early_stop_patience, best),
     ])

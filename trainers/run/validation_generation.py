@@ -96,8 +96,11 @@ class ValidationGeneration(ValidationListener):
         if not self.due(v.step, v.final):
             return
         t0, faults = time.perf_counter(), v.faults
-        metrics = self.run_at(v.step, before_batch=lambda size: faults.at("generation-batch", v.step, size=size),
-                              after_batch=lambda j: faults.at("generate", v.step, j))
+        codes, stopped = self.generate(v.step, lambda size: faults.at("generation-batch", v.step, size=size),
+                                       lambda j: faults.at("generate", v.step, j))
+        metrics = generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)  # alike in every process
+        if self.store is not None:
+            self.pending = (codes, stopped, metrics)
         v.log.report(v.step, metrics, [generation_line(v.step, metrics, time.perf_counter() - t0)], fields=metrics)
         v.means.update(metrics)
 
@@ -162,15 +165,6 @@ class ValidationGeneration(ValidationListener):
             c = c[:lim]
             table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])  # the stop is the lim-th token at most
             table[p, 2: 2 + len(c)] = c
-
-    def run_at(self, step: int, before_batch: Callable[[int], None],
-               after_batch: Callable[[int], None]) -> dict[str, float]:
-        """Generate (each process its part) and return the gen/* metrics, the same in every process."""
-        codes, stopped = self.generate(step, before_batch, after_batch)
-        metrics = generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)
-        if self.store is not None:
-            self.pending = (codes, stopped, metrics)
-        return metrics
 
     def write(self, step: int, best_step: int | None) -> None:
         """Rank 0: the set generated at this validation, atomically; the newest KEEP_SETS and the best's are kept."""

@@ -101,8 +101,9 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
     if ema:  # the moving average of the trained tensors in their place; the rest as it is
         source.checkpoint = with_averages(source.checkpoint, source.path)
         source.state = dict(source.checkpoint.model)
-        source.notes.append(f"--ema: the moving average of the weights (--ema-decay "
-                            f"{source.checkpoint.settings['ema_decay']:g}), not the weights of step {source.checkpoint.step}")
+        ckpt = source.checkpoint
+        source.notes.append(f"--ema: the moving average of the weights (--ema-decay {ckpt.settings['ema_decay']:g}), "
+                            f"not the weights of step {ckpt.step}")
     path = source.path
     lora = source.checkpoint.lora if source.checkpoint else None
     if base is not None and lora is None:

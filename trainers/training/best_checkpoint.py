@@ -82,8 +82,8 @@ class EarlyStopping(ValidationListener):
             self.stale = 0
         if not self.spent():
             return None
-        return (f"the run stopped early at step {step} after {self.stale} validations without a new best; pass a larger "
-                "--early-stop-patience to continue")
+        return (f"the run stopped early at step {step} after {self.stale} validations without a new best; pass a "
+                "larger --early-stop-patience to continue")
 
     def state_dict(self) -> int:
         return self.stale

@@ -128,13 +128,45 @@ def _percent(fraction: float, sign: bool = True) -> str:
 
 
 @dataclass
-class Forgetting:
+class Forgetting(ValidationListener):
     """The base figures and the last validation's figures: what the measure and the guard's verdict are computed
-    from. Owned by TrainingProgress and saved with it (its "forgetting" entry)."""
+    from. A validation listener: measures every validation, may end the run, and saves its state as the "forgetting"
+    entry of the progress section (absent before the measure: the next validation is the base)."""
 
     base: dict[str, dict[str, float]] = field(default_factory=dict)  # language -> {"step": S, metric: value}
     last: dict[str, Any] | None = None  # {"step": S, "figures": Figures} of the last validation
     within_step: int | None = None  # the last validation the guard judged within its limit
+    guard: Guard = Guard()  # this invocation's
+    best_metric: str = "mel_loss"  # for the stop's message
+    key = "forgetting"
+
+    def validated(self, v: Validation) -> None:
+        """Each validation language's change from its base figures (log, TensorBoard, history); a validation
+        past the limit, or not judged within it, may not be best.pth."""
+        figures = language_figures({lang: m.means() for lang, m in v.by_lang.items()}, v.means)
+        measured = self.measure(v.step, figures, self.guard)
+        v.log.report(v.step, measured.scalars(), measured.lines(), measured.warnings(), measured.fields())
+        if measured.within is False:
+            v.eligible = False
+
+    def stop(self, v: Validation) -> str | None:
+        """--forgetting-stop after a validation past the limit."""
+        if not self.stops(self.guard):
+            return None
+        past = "; ".join(b.describe(self.guard.limit) for b in self.breaches(self.guard) or [])
+        return (f"forgetting stop at step {v.step}: {past} (--forgetting-limit {self.guard.limit:g}). best.pth holds "
+                f"step {(v.best or {}).get('step')}, the best {self.best_metric} among the validations within the limit; "
+                f"the last validation within it was step {self.within_step}. To train on, resume with a larger "
+                "--forgetting-limit or --no-forgetting-stop")
+
+    def halted(self, step: int) -> str | None:
+        breaches = self.breaches(self.guard) if self.guard.stop else None
+        if not breaches:
+            return None
+        past = "; ".join(b.describe(self.guard.limit) for b in breaches)
+        return (f"the run stopped at step {step}: its last validation (step {self.last['step']}) is past "
+                f"--forgetting-limit {self.guard.limit:g} ({past}); pass a larger --forgetting-limit or "
+                "--no-forgetting-stop to continue")
 
     def measure(self, step: int, figures: Figures, guard: Guard) -> "Measured":
         """Record a validation: the base figures of languages seen for the first time, the changes, the verdict."""
@@ -184,7 +216,8 @@ class Forgetting:
                     k: dict(v) for k, v in self.last["figures"].items()}},
                 "within_step": self.within_step}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        state = state or {"base": {}}
         self.base = {k: dict(v) for k, v in state["base"].items()}
         last = state.get("last")
         self.last = None if last is None else {"step": int(last["step"]),
@@ -254,49 +287,3 @@ class Measured:
                     out[f"val/{lang}/{name}"] = value
         return out
 
-
-class ForgettingGuard(ValidationListener):
-    """The measure at every validation and --forgetting-limit's verdict, a validation listener: its state is the
-    "forgetting" entry of the progress section (absent before the measure: the next validation is the base)."""
-
-    key = "forgetting"
-
-    def __init__(self, guard: Guard, best_metric: str) -> None:
-        self.guard = guard
-        self.best_metric = best_metric  # for the stop's message
-        self.forgetting = Forgetting()
-
-    def validated(self, v: Validation) -> None:
-        """Each validation language's change from its base figures (log, TensorBoard, history); a validation
-        past the limit, or not judged within it, may not be best.pth."""
-        figures = language_figures({lang: m.means() for lang, m in v.by_lang.items()}, v.means)
-        measured = self.forgetting.measure(v.step, figures, self.guard)
-        v.log.report(v.step, measured.scalars(), measured.lines(), measured.warnings(), measured.fields())
-        if measured.within is False:
-            v.eligible = False
-
-    def stop(self, v: Validation) -> str | None:
-        """--forgetting-stop after a validation past the limit."""
-        if not self.forgetting.stops(self.guard):
-            return None
-        past = "; ".join(b.describe(self.guard.limit) for b in self.forgetting.breaches(self.guard) or [])
-        return (f"forgetting stop at step {v.step}: {past} (--forgetting-limit {self.guard.limit:g}). best.pth holds step "
-                f"{(v.best or {}).get('step')}, the best {self.best_metric} among the validations within the limit; "
-                f"the last validation within it was step {self.forgetting.within_step}. To train on, resume with a "
-                "larger --forgetting-limit or --no-forgetting-stop")
-
-    def halted(self, step: int) -> str | None:
-        breaches = self.forgetting.breaches(self.guard) if self.guard.stop else None
-        if not breaches:
-            return None
-        return (f"the run stopped at step {step}: its last validation (step {self.forgetting.last['step']}) is past "
-                f"--forgetting-limit {self.guard.limit:g} ({'; '.join(b.describe(self.guard.limit) for b in breaches)}); "
-                "pass a larger --forgetting-limit or --no-forgetting-stop to continue")
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.forgetting.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        self.forgetting = Forgetting()
-        if state is not None:
-            self.forgetting.load_state_dict(state)

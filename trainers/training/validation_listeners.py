@@ -68,9 +68,6 @@ class Listeners:
 
     def __init__(self, listeners: list[ValidationListener] | None = None) -> None:
         self.listeners = list(listeners or [])
-        keys = [x.key for x in self.listeners if x.key is not None]
-        if len(keys) != len(set(keys)):
-            raise ValueError(f"two listeners save their state under the same key: {keys}")
 
     def __iter__(self) -> Iterator[ValidationListener]:
         return iter(self.listeners)
