@@ -13,7 +13,6 @@ from trainers.training.validation_listeners import Listeners
 log = logging.getLogger("train")
 
 
-
 @dataclass
 class TrainingProgress:
     step: int = 0  # optimizer steps done
