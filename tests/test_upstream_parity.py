@@ -379,3 +379,44 @@ def test_a_25_runs_export_is_the_campplus_key_set_upstream_loads_strictly_and_ge
                           lang_id=torch.tensor([0]))
     want = campplus_generate(c, spk_emb, emo_vec, text, lang_id=0, max_codes=12)[0]
     assert len(want) >= 1 and ours.codes[0].tolist() + ([129] if ours.stopped[0] else []) == want
+
+
+def test_a_25_lora_adapter_merged_by_indextts_merge_lora_is_the_export_and_loads_strictly(demo25_assets, tmp_path,
+                                                                                          capsys):
+    """indextts-merge-lora folds a 2.5 run's adapter file (--adapter-only) into its campplus base: the merged file
+    holds the export's key set, spk_emb_proj and lang_embedding included (told from the base's keys, as the export
+    is told by the run's family), loads with strict=True into upstream's campplus UnifiedVoice, and its tensors are
+    the merged export's within 2e-5."""
+    import yaml
+
+    from tests.demo_runs import DEMO25_CONFIG, train_here
+    from trainers.tools import export_checkpoint, merge_lora
+
+    gpt = {**yaml.safe_load(DEMO25_CONFIG.read_text())["gpt"], "condition_module": ENCODER,
+           "emo_condition_module": ENCODER}
+    torch.manual_seed(0)
+    base = tmp_path / "base.pth"
+    torch.save({"model": {**campplus_model(gpt).state_dict(), "inference_model.lm_head.weight": torch.zeros(2, 2)}},
+               base)
+    flags = list(demo25_assets)
+    flags[flags.index("--base-checkpoint") + 1] = str(base)
+    run = tmp_path / "run"
+    done = train_here(run, *flags, "--max-steps", "2", "--save-interval", "2", "--val-interval", "0",
+                      "--lora-rank", "4", "--learning-rate", "2e-2")
+    assert done.returncode == 0, done.stderr
+    full_config25(tmp_path / "config.yaml", gpt)
+    config = ["--config", str(tmp_path / "config.yaml")]
+    assert export_checkpoint.main([str(run), "--out", str(tmp_path / "export"), *config]) == 0
+    assert export_checkpoint.main([str(run), "--out", str(tmp_path / "adapter"), "--adapter-only", *config]) == 0
+    capsys.readouterr()
+    merged_path = tmp_path / "merged.pth"
+    assert merge_lora.main(["--adapter", str(tmp_path / "adapter" / "lora_adapter.pth"), "--base", str(base),
+                            "--out", str(merged_path)]) == 0
+    merged = torch.load(merged_path, weights_only=True)["model"]
+    exported = torch.load(tmp_path / "export" / "gpt.pth", weights_only=True)["model"]
+    load_strict_campplus(merged, gpt)  # strict=True: a missing or an extra key raises
+    assert set(merged) == set(exported)
+    assert max(float((merged[k].float() - exported[k].float()).abs().max()) for k in merged) < 2e-5
+    said = capsys.readouterr().out
+    assert "(IndexTTS-2.5) -> " in said, said
+    assert "left out (IndexTTS-2.5's UnifiedVoice does not load them): inference_model.lm_head.weight" in said, said

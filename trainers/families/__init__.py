@@ -8,7 +8,7 @@ it, as every 2.0 one, is the first family's).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from trainers.checkpoint.schema import FIRST_FAMILY
 from trainers.errors import UserError
@@ -36,3 +36,10 @@ def family_for_config(model_yaml: Mapping[str, Any]) -> ModelFamily:
     """The family a config.yaml belongs to: the first later family that claims it, else the first."""
     first, *others = FAMILIES.values()
     return next((family for family in others if family.claims(model_yaml)), first)
+
+
+def family_for_state(keys: Collection[str]) -> ModelFamily:
+    """The family a state dict with these keys belongs to (a gpt.pth records none): the first later family whose
+    signature (`ModelFamily.state_signature`) it holds, else the first, as `family_for_config` decides for configs."""
+    first, *others = FAMILIES.values()
+    return next((family for family in others if family.holds_state(keys)), first)

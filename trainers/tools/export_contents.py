@@ -23,7 +23,7 @@ from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
 from trainers.files import file_sha256
 from trainers.model.gpt_model import GPTConfig
-from trainers.model.weights import INDEXTTS2_LAYOUT, StateLayout, split_state_dict, state_dict_of, strip_module_prefix
+from trainers.model.weights import split_state_dict, state_dict_of, strip_module_prefix
 from trainers.checkpoint.recovery import described
 from trainers.tools.export_output import RECORD_NAME
 from trainers.tools.run_files import checkpoint_path, newest_intact_checkpoint
@@ -104,13 +104,15 @@ def expected_group_a(gpt: GPTConfig, family: ModelFamily = FAMILIES["indextts2"]
     return family.expected_keys(gpt)
 
 
-def exported_state(state: Mapping[str, torch.Tensor], layout: StateLayout = INDEXTTS2_LAYOUT,
+def exported_state(state: Mapping[str, torch.Tensor], family: ModelFamily,
                    ) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The tensors of an exported gpt.pth, out of a state dict in the upstream layout (a "module." prefix dropped), in
-    its order, and the names left out. The one definition of that key set (per model family: its `layout`), which
-    the export and tools/merge_lora.py both write: the model's own tensors (group A, under the layout's model
-    namespaces) and the tensors carried from the base (group B), what upstream's UnifiedVoice loads strictly. Left
-    out: what it does not expect (inference_model.*, gpt.wte.*, attention masks) and anything outside those names."""
+    """The tensors of an exported gpt.pth, out of a state dict of `family` in the upstream layout (a "module." prefix
+    dropped), in its order, and the names left out. The one definition of that key set, per model family (its
+    `layout`), which the export and tools/merge_lora.py both write: the model's own tensors (group A, under the
+    layout's model namespaces) and the tensors carried from the base (group B), what upstream's UnifiedVoice of that
+    family loads strictly. Left out: what it does not expect (inference_model.*, gpt.wte.*, attention masks, 2.0's
+    speaker encoders in a 2.5 file) and anything outside those names."""
+    layout = family.layout
     trained, _, dropped = split_state_dict(state, layout)
     left_out = sorted(dropped + [k for k in trained if not k.startswith(layout.model_namespaces)])
     gone = set(left_out)
@@ -129,7 +131,7 @@ def select_tensors(state: Mapping[str, torch.Tensor], gpt: GPTConfig, source: Pa
                    family: ModelFamily = FAMILIES["indextts2"]) -> Selection:
     """Exactly the keys upstream's UnifiedVoice loads: group A as `gpt` shapes it, then the carried group B."""
     layout = family.layout
-    kept, left_out = exported_state(state, layout)
+    kept, left_out = exported_state(state, family)
     carried = {k: v for k, v in kept.items() if k.startswith(layout.carried_prefixes)}
     trained = {k: v for k, v in kept.items() if k not in carried}
     expected = expected_group_a(gpt, family)

@@ -9,7 +9,8 @@ trained on by sha256: another base is refused (the adapters
 would be added to weights they were not trained against) unless --allow-other-base says the user knows
 it holds the same weights in other bytes. --out must not exist: nothing a user has is replaced. The
 merged file keeps the base's layout ({"model": ...} or a bare state dict) and dtype, and holds exactly the
-tensors an export of the same run holds (trainers/tools/export_contents.py `exported_state`).
+tensors an export of the same run holds (trainers/tools/export_contents.py `exported_state`), for the base's model
+family (told by its keys: `family_for_state`; an IndexTTS-2.5 base keeps spk_emb_proj and lang_embedding).
 Exit status 0, or 2 with `error: ...` and nothing written.
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.checkpoint import adapter_file
-from trainers.model.weights import read_state_dict
+from trainers.families import family_for_state
+from trainers.model.weights import read_state_dict, strip_module_prefix
 from trainers.tools.export_contents import exported_state, listed
 from trainers.torch_files import atomic_torch_save, load_checkpoint
 
@@ -47,13 +49,15 @@ def merge(adapter: Path, base: Path, out: Path, allow_other_base: bool = False) 
         merged = lora.merged(state)
     except ValueError as exc:
         raise UserError(f"--adapter {adapter} does not fit --base {base}: {exc}") from None
-    kept, left_out = exported_state(merged)  # exactly what an export of the same run writes
+    family = family_for_state(strip_module_prefix(state)[0])
+    kept, left_out = exported_state(merged, family)  # exactly what an export of the same run writes
     wrapped = "model" in load_checkpoint(base, mmap=True)
     atomic_torch_save({"model": kept} if wrapped else kept, out)
     s = lora.settings
-    dropped = f"; left out (upstream's UnifiedVoice does not load them): {', '.join(listed(left_out))}" if left_out else ""
+    dropped = (f"; left out ({family.inference_name}'s UnifiedVoice does not load them): "
+               f"{', '.join(listed(left_out))}" if left_out else "")
     return (f"merged {len(lora.adapters) // 2} adapters (rank {s.rank}, alpha {s.alpha:g}) and "
-            f"{len(lora.replaced)} replaced tensors into {base} -> {out}{dropped}")
+            f"{len(lora.replaced)} replaced tensors into {base} ({family.title}) -> {out}{dropped}")
 
 
 @quiet_broken_pipes()
