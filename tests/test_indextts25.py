@@ -237,6 +237,23 @@ def test_a_tokenizer_of_another_size_than_the_25_config_is_refused(demo25_assets
     assert not (tmp_path / "run").exists()
 
 
+def test_a_resume_with_a_tokenizer_of_another_size_gives_the_real_reason_first(demo25_assets, tmp_path):
+    """Another tokenizer size means a new run from the checkpoint's weights, which a 2.5 tokenizer cannot start
+    (its special tokens would move): that is said first, not "pass a new --output-dir", after which it came."""
+    from trainers.families.indextts25.demo import tiktoken_file
+
+    run = tmp_path / "run"
+    assert train_here(run, *demo25_assets, "--max-steps", "1", "--val-interval", "0").returncode == 0
+    other = tmp_path / "other.tiktoken"
+    other.write_bytes(tiktoken_file(2401))
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    refused = train_here(run, "--resume", "auto", "--tokenizer", str(other))
+    assert refused.returncode == 2, refused.stderr
+    assert "IndexTTS-2.5's tokenizer cannot be extended" in refused.stderr, refused.stderr
+    assert "--output-dir" not in refused.stderr and "Traceback" not in refused.stderr
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before
+
+
 # ---------------------------------------------------------------------------------------------- a new language
 
 NEW = ["--new-language", "tr", "--new-rows-lr-scale", "10", "--val-interval", "0", "--save-interval", "3",

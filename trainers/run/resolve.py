@@ -424,13 +424,14 @@ def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, tex
     assert saved.checkpoint is not None and saved.path is not None
     old = saved.checkpoint.text_tokens
     run_dir = Path(cfg.output_dir)
+    # First whether the tokenizer may start from these weights at all: a new --output-dir would not help if not.
+    family.tokenizer.check_extends(saved.settings.get("tokenizer"), cfg.tokenizer, saved.path)
     found = newest_checkpoint(run_dir)
     if found is not None:
         raise UserError(
             f"the tokenizer has {text_tokens} pieces but {saved.path} was trained with {old} text tokens, so training "
             f"starts over at step 0 from its weights; {run_dir} already holds a run ({found.name}) that this would "
             "overwrite. Pass a new --output-dir (nothing was changed)")
-    family.tokenizer.check_extends(saved.settings.get("tokenizer"), cfg.tokenizer, saved.path)
     log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens: starting a NEW run at step 0 "
                 "from its model weights only (fresh optimizer, learning-rate schedule and loss scaler; data order from "
                 "the start). If you meant to continue that run, pass the tokenizer it was trained with", text_tokens,
