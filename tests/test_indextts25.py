@@ -306,9 +306,13 @@ def test_new_language_flags_that_cannot_apply_are_refused(demo25_assets, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_a_new_language_on_indextts2_is_its_tokenizer_extension(demo_assets, tmp_path):
-    refused = train_here(tmp_path / "run", *demo_assets, "--max-steps", "1", "--new-language", "tr")
+def test_a_new_language_on_indextts2_is_refused_and_its_demo_leaves_nothing_written(tmp_path):
+    """--demo generates its corpus in the run directory before the flag is refused: the refusal says "nothing was
+    written", so the corpus goes with the lock file and the directory the start made."""
+    refused = train_here(tmp_path / "run", "--demo", "--max-steps", "1", "--new-language", "tr")
     assert refused.returncode == 2 and "IndexTTS2 (2.0) has no language rows" in refused.stderr, refused.stderr
+    assert "Generated demo corpus" in refused.stderr and "nothing was written" in refused.stderr
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------------------ indextts-retokenize

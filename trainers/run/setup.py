@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.listeners import run_listeners
 from trainers.run.lock import RunLock
+from trainers.run.inputs import DEMO_DATA_DIR
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.run_plan import plan_record
@@ -132,6 +134,8 @@ def _locked_run(cmd: CommandLine, world: World) -> Run:
     # (which would otherwise find no run yet). Under torchrun rank 0 alone locks and writes it.
     run_dir = run_dir_of(cmd)
     lock = RunLock(run_dir).acquire() if world.is_main else NoLock()
+    demo_corpus = run_dir / DEMO_DATA_DIR
+    made_here = world.is_main and not demo_corpus.exists()  # --demo's corpus, if this start generates it
     try:
         run_dir, checkpoint = locate_run(cmd)
         saved = read_saved_run(run_dir, checkpoint, cmd.resume)
@@ -143,6 +147,8 @@ def _locked_run(cmd: CommandLine, world: World) -> Run:
         resolution = resolve_run(cmd, run_dir, saved, machine.cache_key(), world.size)
         return _start_run(cmd, resolution, machine, lock, world)
     except BaseException:
+        if made_here and demo_corpus.is_dir():  # a refused start says "nothing was written": the corpus goes too
+            shutil.rmtree(demo_corpus, ignore_errors=True)
         lock.abandon()  # a start that wrote nothing else leaves no lock file or new directory behind
         raise
 
