@@ -106,6 +106,9 @@ BIG = str(10**30)
     (["--warmup-steps", BIG], "--warmup-steps", BIG),
     (["--epochs", "2.5"], "--epochs", "whole number"),
     (["--batch-size", "-1"], "--batch-size", "got -1"),
+    # a percentage typed for the fraction: 10 meant as 10% would be a limit of 1000% that never fires
+    (["--forgetting-limit", "10", "--base-language", "en"], "--forgetting-limit 10 is a 1000% rise",
+     "for 10% pass 0.1"),
 ])
 def test_bad_flag_value_is_refused_with_the_flag_and_range(tmp_path, demo_assets, args, named, reason):
     # --max-steps 1: should a check ever slip, the case costs a step, not a whole demo run.

@@ -33,6 +33,12 @@ class Bound:
     high: float
     low_open: bool = False  # low itself is refused (> low)
     high_open: bool = False  # high itself is refused (< high)
+    hint: Callable[[float], str] | None = None  # what to pass instead of a finite value above the range, from it
+
+    def advice(self, value: Any) -> str | None:
+        """The hint for a finite number above the range (a percentage typed for a fraction, say), else None."""
+        above = isinstance(value, (int, float)) and type(value) is not bool and self.high < value < math.inf
+        return self.hint(value) if self.hint and above else None
 
     def accepts(self, value: Any) -> bool:
         if type(value) is bool or not isinstance(value, (int, float)):

@@ -191,6 +191,7 @@ def value_problems(cls: type, values: dict[str, Any]) -> list[str]:
             continue
         if s.bound and not s.bound.accepts(value):
             problems.append(f"{s.called()} must be {s.bound.describe()}, got {value!r}")
+            problems += [advice] if (advice := s.bound.advice(value)) else []
         elif s.choices and not s.repeat and value not in s.choices:
             problems.append(f"{s.called()} must be one of {', '.join(s.choices)}, got {value!r}")
     return problems

@@ -243,10 +243,15 @@ class TrainConfig:
         0, "end training (status 0, final checkpoint saved) after N validations in a row without a new best "
         "--best-metric (0: off); a resume may raise it to continue", resume=FREE, bound=count(), legacy=0)
     # The forgetting guard (trainers/training/forgetting.py); none before it existed.
+    # A fraction in [0, 1] (1: a 100% rise, the figure doubled). Above 1 it is a percentage typed for the fraction:
+    # 10 meant as 10% is a 1000% rise, which no forgetting reaches, so the guard would never fire; refused with the
+    # fraction to pass.
     forgetting_limit: float = setting(
         0.0, "a validation whose --forgetting-metric in a base language is worse than at the base model by more than "
-        "this fraction of it (0.1: 10%%) is a warning and never best.pth (0: off)", resume=FREE, bound=finite(),
-        legacy=0.0)
+        "this fraction of it (0.1: 10%%) is a warning and never best.pth (0: off)", resume=FREE,
+        bound=finite(0.0, 1.0, hint=lambda value: (
+            f"--forgetting-limit {value:g} is a {value * 100:g}% rise, which no forgetting reaches: it is a fraction "
+            f"(0.1 is 10%); for {value:g}% pass {value / 100:g}")), legacy=0.0)
     forgetting_metric: str = setting(
         "mel_loss", "the metric --forgetting-limit watches; a gen/* metric needs --sample-interval", resume=FREE,
         choices=BEST_METRICS, legacy="mel_loss")
