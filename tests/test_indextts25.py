@@ -299,6 +299,8 @@ def test_a_new_languages_rows_train_and_every_other_row_stays_bit_identical(demo
 @pytest.mark.parametrize("extra, message", [
     (["--new-language", "xx"], "--new-language xx: not one of IndexTTS-2.5's 106 language codes"),
     (["--new-rows-lr-scale", "5"], "--new-rows-lr-scale 5 scales the rows that train beside held ones"),
+    # English data, its rows asked for ja: no sample would reach them (it trained, with only the usual INFO line)
+    (["--new-language", "ja,en"], "--new-language ja: none of the 384 training samples is in ja (by language: en 384)"),
 ])
 def test_new_language_flags_that_cannot_apply_are_refused(demo25_assets, tmp_path, extra, message):
     refused = train_here(tmp_path / "run", *demo25_assets, "--max-steps", "1", *extra)

@@ -208,6 +208,11 @@ class SampleTable(Sequence[Sample]):
         return {("" if c < 0 else self.lang_names[c]): np.flatnonzero(codes == c).tolist()
                 for c in found[np.argsort(first)]}  # in order of first appearance, as a loop over samples gives
 
+    def language_counts(self) -> dict[str, int]:
+        """How many samples each language has ("" for none), in the order the languages first appear."""
+        counts = np.bincount(self.arrays["lang"].astype(np.int64) + 1, minlength=len(self.lang_names) + 1)
+        return {("" if i == 0 else self.lang_names[i - 1]): int(n) for i, n in enumerate(counts) if n}
+
     def __reduce__(self):
         # A spawned loader worker maps the same file instead of receiving a pickled copy.
         if self.backing is not None and self.reopen is not None:

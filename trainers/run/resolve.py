@@ -118,7 +118,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     settings = _additional_epochs(cmd, settings, saved, n_train, per_step)
     train = replace(settings, freeze_base_vocab=freeze,
                     lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train, per_step))
-    check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab)
+    check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab, inputs.train_samples.language_counts())
     check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch = _branch_record(origin, lora_branch or _branch_of(saved, run_dir))
     branch_of = branch["history"] if branch else None
@@ -140,9 +140,12 @@ def _branch_record(origin: SavedRun | None, history: str | None) -> dict[str, An
     return origin.branch if origin.checkpoint is None else None
 
 
-def check_new_rows(settings: TrainConfig, family: ModelFamily, text_tokens: int, vocab: Vocabulary) -> None:
-    """--new-language needs a family with language rows and codes it knows; --new-rows-lr-scale needs rows that are
-    held (a new language's tables, or an extended vocabulary's with --freeze-base-vocab)."""
+def check_new_rows(settings: TrainConfig, family: ModelFamily, text_tokens: int, vocab: Vocabulary,
+                   trained: dict[str, int]) -> None:
+    """--new-language needs a family with language rows, codes it knows and training samples in each language
+    (`trained`: the training samples per language): a row no sample reaches gets no gradient, so the run would
+    train everything but the language it was started for; --new-rows-lr-scale needs rows that are held (a new
+    language's tables, or an extended vocabulary's with --freeze-base-vocab)."""
     if settings.new_languages:
         if family.language_rows is None:
             raise UserError(f"--new-language: {family.title} has no language rows; a new language there is a "
@@ -151,6 +154,18 @@ def check_new_rows(settings: TrainConfig, family: ModelFamily, text_tokens: int,
             family.language_rows(text_tokens, settings.new_languages)
         except ValueError as exc:
             raise UserError(f"{exc}; nothing was written") from None
+        counts: dict[str, int] = {}
+        for lang, n in trained.items():
+            counts[lang.lower()] = counts.get(lang.lower(), 0) + n
+        absent = [code for code in settings.new_languages if code not in counts]
+        if absent:
+            codes, have = ",".join(absent), ", ".join(f"{lang or 'none'} {n}" for lang, n in counts.items())
+            raise UserError("\n".join([
+                f"--new-language {codes}: none of the {sum(counts.values())} training samples is in {codes} (by "
+                f"language: {have})", f"no sample reaches the rows of {codes}, so they would never train: pass "
+                "--new-language with the language of the data,",
+                f"or give the {codes} data its language (--train-manifest F::{absent[0]}, or the lines' language); "
+                "nothing was written"]))
     elif settings.new_rows_lr_scale != 1.0 and not (vocab.extended and settings.freeze_base_vocab):
         raise UserError(f"--new-rows-lr-scale {settings.new_rows_lr_scale:g} scales the rows that train beside held "
                         "ones: pass --new-language (IndexTTS-2.5) or train an extended tokenizer with "
