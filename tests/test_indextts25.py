@@ -164,6 +164,53 @@ def test_conditioning_latents_of_indextts2_are_refused_as_a_speaker_vector(tmp_p
         FeatureDataset(table, FAMILY.feature_spec(GPT))[0]
 
 
+def test_an_archive_without_codes_or_spk_emb_is_refused_at_start_naming_its_line(demo25_assets, tmp_path):
+    """The manifests' check opens every target .npz for its text ids: an archive a line names for its codes or its
+    speaker vector (the prompt's) without that array is refused there, by line, before anything is written (it was
+    found when its sample was first read, after steps had trained and been saved)."""
+    train = Path(flag(demo25_assets, "--train-manifest"))
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    for row in rows:
+        row.update({k: str(train.parent / row[k]) for k in ("target_features", "prompt_features")})
+    for row, (lacking, key) in zip(rows[-2:], [("codes", "target_features"), ("spk_emb", "prompt_features")]):
+        with np.load(row[key]) as archive:
+            arrays = {k: archive[k] for k in archive.files if k != lacking}
+        row[key] = str(tmp_path / f"no_{lacking}.npz")
+        np.savez(row[key], **arrays)
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = tmp_path / "run"
+    refused = train_here(run, *with_flag(demo25_assets, "--train-manifest", str(manifest)), "--max-steps", "1")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    n = len(rows)
+    for line, key, lacking in ((n - 1, "target_features", "codes"), (n, "prompt_features", "spk_emb")):
+        assert (f"{manifest}:{line}: {key} {tmp_path / f'no_{lacking}.npz'}: the archive has no {lacking!r} array "
+                "(it has ") in refused.stderr, refused.stderr
+    assert "re-run the 2.5 preprocessing" in refused.stderr and not run.exists()
+
+
+def test_text_ids_of_another_language_than_the_samples_are_refused_by_line(demo25_assets, tmp_path):
+    """English data given as `::ja` (its text ids begin with <|en|>, its lines say en) would train ja's rows on
+    English text that inference never sees for ja (it begins ja text with <|ja|>): refused, by line."""
+    train = flag(demo25_assets, "--train-manifest")
+    run = tmp_path / "run"
+    refused = train_here(run, *with_flag(demo25_assets, "--train-manifest", f"{train}::ja"), "--max-steps", "1")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert (f"{train}:1: target_features {Path(train).parent / 'features' / 'demo_train_00000.npz'}: its text ids "
+            "begin with the language token of en, but ::ja trains the sample as ja (its line says en); drop ::ja if "
+            "the data is en, or make its text ids again as ja (indextts-retokenize)") in refused.stderr, refused.stderr
+    assert "... and 354 more problems" in refused.stderr and not run.exists()
+    # The same text ids under lines that say ja themselves.
+    rows = [json.loads(line) for line in Path(train).read_text().splitlines()[:3]]
+    relabeled = tmp_path / "ja.jsonl"
+    relabeled.write_text("".join(json.dumps({**row, "lang": "ja", **{k: str(Path(train).parent / row[k]) for k in (
+        "target_features", "prompt_features")}}) + "\n" for row in rows))
+    refused = train_here(run, *with_flag(demo25_assets, "--train-manifest", str(relabeled)), "--max-steps", "1")
+    assert refused.returncode == 2 and (f"{relabeled}:3: target_features {Path(train).parent / 'features'}/"
+                                        "demo_train_00002.npz: its text ids begin with the language token of en, but "
+                                        "its line says the language is ja") in refused.stderr, refused.stderr
+
+
 # ----------------------------------------------------------------------------- inputs of the other model: exit 2
 
 def npy_lines_of_the_other_model(demo_assets: list[str], demo25_assets: list[str], root: Path) -> dict[str, str]:
@@ -260,18 +307,39 @@ NEW = ["--new-language", "tr", "--new-rows-lr-scale", "10", "--val-interval", "0
        "--log-interval", "1", "--dropout", "0.1"]
 
 
-def as_turkish(flags: list[str]) -> list[str]:
-    """The demo's manifests read as Turkish (PATH::tr): its samples train lang_embedding's row of 'tr'."""
-    return [f"{v}::tr" if i and flags[i - 1] in ("--train-manifest", "--val-manifest") else v
-            for i, v in enumerate(flags)]
+@pytest.fixture(scope="module")
+def turkish25(demo25_assets, tmp_path_factory) -> list[str]:
+    """The demo's flags with its corpus as Turkish: a copy whose text ids begin with <|tr|> instead of <|en|> (as
+    upstream's front end writes Turkish text) and whose lines say tr, so its samples train lang_embedding's row of
+    'tr' and <|tr|>'s text rows (the manifests' check refuses text ids of another language than the sample's)."""
+    first = 2400 - len(SPECIAL_TOKENS) + 2  # <|en|>, lang_id 0
+    out = tmp_path_factory.mktemp("turkish25")
+    (out / "features").mkdir()
+    flags = list(demo25_assets)
+    for name in ("--train-manifest", "--val-manifest"):
+        manifest = Path(flag(flags, name))
+        lines = []
+        for line in manifest.read_text().splitlines():
+            row = json.loads(line)
+            for key in ("features", "target_features", "prompt_features"):
+                if key in row and not (out / row[key]).exists():
+                    with np.load(manifest.parent / row[key]) as archive:
+                        arrays = dict(archive)
+                    assert arrays["text_ids"][0] == first
+                    arrays["text_ids"][0] = first + lang_id("tr")
+                    np.savez(out / row[key], **arrays)
+            lines.append(json.dumps({**row, "lang": "tr", **({"prompt_lang": "tr"} if "prompt_lang" in row else {})}))
+        (out / manifest.name).write_text("".join(line + "\n" for line in lines))
+        flags = with_flag(flags, name, str(out / manifest.name))
+    return flags
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_new_languages_rows_train_and_every_other_row_stays_bit_identical(demo25_assets, tmp_path, lora):
+def test_a_new_languages_rows_train_and_every_other_row_stays_bit_identical(turkish25, demo25_assets, tmp_path, lora):
     from tests.demo_runs import assert_equal_nested, final_state
     from trainers.model.weights import read_state_dict
 
-    flags = [*as_turkish(demo25_assets), *NEW, *(["--lora-rank", "4"] if lora else [])]
+    flags = [*turkish25, *NEW, *(["--lora-rank", "4"] if lora else [])]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert train_here(straight, *flags, "--max-steps", "6").returncode == 0
     first = train_here(stopped, *flags, "--max-steps", "6", kill_at="SIGTERM@micro:4:0")

@@ -8,7 +8,8 @@ RUN_DIR/data_cache/train.samples (and val.samples) hold the checked samples as a
   changed the bytes (cp -p, rsync -t, a restored backup) and changes on a touch that did not, and
   the digest costs one read of the files (0.65 s for a 615 MB manifest of a million lines);
 * each manifest's name as given and its folder (feature paths resolve from it), the config's
-  length limits, the model family's line forms (other than IndexTTS2's), the flag, and RULES (raise it when a check changes, so old caches are rebuilt);
+  length limits, the model family's line forms (other than IndexTTS2's, with the vocabulary size and
+  FAMILY_RULES), the flag, and RULES (raise it when a check changes, so old caches are rebuilt);
 * the feature files' presence: the stat of each folder holding them (trainers.data.feature_folders);
   when a folder changed, every feature file is stat'ed again before the cache is trusted.
 
@@ -44,6 +45,7 @@ log = logging.getLogger("train")
 
 CACHE_DIR = "data_cache"
 RULES = 2  # the manifest checks' version: raise it when a check is added or changed (2: .npy too short)
+FAMILY_RULES = 2  # the same for the checks of a family other than IndexTTS2 (ManifestForms' own checks)
 _FOLDER_ARRAYS = ("folder_stat", "linked_files", "checked_at")
 
 
@@ -95,7 +97,9 @@ def cache_key(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str, fing
     described = {"rules": RULES, "flag": flag, "fingerprint": fingerprint, "manifests": where,
                  "limits": [limits.max_text_tokens, limits.max_mel_tokens, limits.prefix_len]}
     if limits.forms is not INDEXTTS2_FORMS:  # the forms caches were written with before families: keys unchanged
-        described["forms"] = limits.forms.name
+        # A family's own checks may read the vocabulary's size (its language tokens); FAMILY_RULES: its checks'
+        # version (2: archives lacking an array a role reads, text ids beginning with another language's token).
+        described["forms"] = [limits.forms.name, limits.text_tokens, FAMILY_RULES]
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from trainers.data.feature_folders import TOO_SHORT, FolderRecord, file_state
 from trainers.data.sample_table import TableBuilder
@@ -29,6 +29,7 @@ class DataLimits:
     max_mel_tokens: int
     prefix_len: int = PREFIX_LEN
     forms: "ManifestForms" = field(default_factory=lambda: INDEXTTS2_FORMS)
+    text_tokens: int = 0  # the text vocabulary's size, for a family's language tokens (0: not known, not checked)
 
     def __post_init__(self) -> None:
         if self.max_text_tokens < 1 or self.max_mel_tokens < 1 or self.prefix_len < 0:
@@ -68,6 +69,9 @@ class LineForm:
     @property
     def path_keys(self) -> tuple[str, str, str, str]:
         return (self.text_ids, self.codes, self.condition, self.emo_vec)
+
+
+ROLES = ("text_ids", "codes", "condition", "emo_vec")  # what each of LineForm.path_keys names, in that order
 
 
 # The prompt's emotion vector is what inference uses by default, so paired
@@ -113,10 +117,13 @@ def _detect_form(obj: dict[str, Any]) -> LineForm | None:
 @dataclass(frozen=True)
 class TextIds:
     """What a family reads of a line's text ids file when its model drops some ids (ManifestForms.count_text_ids):
-    the ids in the file, and those the model keeps (the length the sample table holds)."""
+    the ids in the file, those the model keeps (the length the sample table holds), the first id kept (-1: none),
+    and the arrays of the archive they were read from (None: a file of one array)."""
 
     in_file: int
     kept: int
+    first: int = -1
+    arrays: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,11 +131,15 @@ class ManifestForms:
     """The line forms of a model family's manifests: `detect` picks a line's form (for a partial line the
     closest, so the error names its missing fields), `hint` says how the forms are told apart.
 
-    Two optional checks of a family: `count_text_ids(path)` reads a text ids file when the model keeps fewer ids
+    Optional checks of a family: `count_text_ids(path)` reads a text ids file when the model keeps fewer ids
     than the file holds (TextIds, or what is wrong with the file): the table's text_len is then the kept count, so
     a step's token counts are what the model sees, and the line's text_len is checked against the file here
     (`dropped_note`, with {samples} and {ids}, is said once when ids were dropped); `language_problem(lang)` says
-    what is wrong with a sample's language (None: nothing).
+    what is wrong with a sample's language (None: nothing); `text_language(first_id, text_tokens)` names the
+    language whose token the text's first id is (None: no language token), which must be the sample's language;
+    `archive_arrays(path)` lists the arrays of a feature file that is an archive of several (None: one array; a
+    string: what is wrong with it), each role reading the array `role_arrays` names (ROLES), so an archive without
+    one is refused by line when the manifests are checked, not when its sample is first read mid-run.
     """
 
     name: str
@@ -137,6 +148,10 @@ class ManifestForms:
     count_text_ids: Callable[[str], "TextIds | str"] | None = None
     dropped_note: str = ""
     language_problem: Callable[[str | None], str | None] | None = None
+    text_language: Callable[[int, int], str | None] | None = None
+    archive_arrays: Callable[[str], "frozenset[str] | str | None"] | None = None
+    role_arrays: Mapping[str, str] = field(default_factory=dict)
+    archive_hint: str = "make this feature file again"  # what to do about an archive without an array a role reads
 
 
 INDEXTTS2_FORMS = ManifestForms("indextts2", _detect_form, _FORM_HINT)
@@ -155,6 +170,7 @@ class Validator:
     folders: FolderRecord = field(default_factory=FolderRecord)
     # The family's count of each text ids file (ManifestForms.count_text_ids), and what was dropped.
     text_ids: dict[str, TextIds | str] = field(default_factory=dict)
+    archives: dict[str, frozenset[str] | str | None] = field(default_factory=dict)  # ManifestForms.archive_arrays
     dropped_ids: int = 0
     samples_with_dropped: int = 0
 
@@ -193,19 +209,24 @@ class FileContext:
                 self.good[raw] = self.check.table.file(path)
         return entry
 
-    def family_checks(self, text_raw: str, text_key: str, text_len: int, lang: str | None) -> tuple[int, str | None]:
-        """The family's own checks of a line (ManifestForms): (the text length the table keeps, a problem or None)."""
+    def family_checks(self, form: LineForm, raws: list[str], text_len: int, lang: str | None,
+                      ) -> tuple[int, str | None]:
+        """The family's own checks of a line (ManifestForms): (the text length the table keeps, a problem or None).
+        `raws`: the line's paths of ROLES; `lang`: the line's own language (`::LANG` of the manifest overrides it)."""
         forms = self.check.limits.forms
+        sample_lang = self.lang if self.lang is not None else lang
         if forms.language_problem is not None:
-            problem = forms.language_problem(self.lang if self.lang is not None else lang)
+            problem = forms.language_problem(sample_lang)
             if problem:
                 return text_len, problem
         if forms.count_text_ids is None:
-            return text_len, None
-        path = self.feature(text_raw)[0]
+            return text_len, self._archive_problem(form, raws)
+        text_key, path = form.text_ids, self.feature(raws[0])[0]
         counted = self.check.text_ids.get(path)
         if counted is None:
             counted = self.check.text_ids[path] = forms.count_text_ids(path)
+            if isinstance(counted, TextIds):  # the archive was opened for its ids: its arrays are known
+                self.check.archives.setdefault(path, counted.arrays)
         if isinstance(counted, str):
             return text_len, f"{text_key} {path}: {counted}"
         if counted.in_file != text_len:
@@ -213,7 +234,44 @@ class FileContext:
                               "regenerate the manifest or the feature")
         if counted.kept < 1:
             return text_len, f"{text_key} {path}: no id is left once the ids the model drops are dropped; drop this sample"
-        return counted.kept, None
+        return counted.kept, (self._archive_problem(form, raws)
+                              or self._text_language_problem(text_key, path, counted.first, lang))
+
+    def _archive_problem(self, form: LineForm, raws: list[str]) -> str | None:
+        """An archive named for a role that lacks the array the role reads (ManifestForms.archive_arrays)."""
+        forms = self.check.limits.forms
+        if forms.archive_arrays is None:
+            return None
+        for role, key, raw in zip(ROLES, form.path_keys, raws):
+            member = forms.role_arrays.get(role)
+            if member is None:
+                continue
+            path = self.feature(raw)[0]
+            if path not in self.check.archives:
+                self.check.archives[path] = forms.archive_arrays(path)
+            arrays = self.check.archives[path]
+            if isinstance(arrays, str):
+                return f"{key} {path}: {arrays}"
+            if arrays is not None and member not in arrays:
+                return (f"{key} {path}: the archive has no {member!r} array (it has {', '.join(sorted(arrays)) or 'none'})"
+                        f"; {forms.archive_hint}")
+        return None
+
+    def _text_language_problem(self, text_key: str, path: str, first: int, line_lang: str | None) -> str | None:
+        """Text ids that begin with another language's token than the sample's language (ManifestForms.text_language):
+        the sample would train its language's row on text that inference begins with its own language's token."""
+        text_language = self.check.limits.forms.text_language
+        lang = self.lang if self.lang is not None else line_lang
+        found = text_language(first, self.check.limits.text_tokens) if text_language and lang else None
+        if found is None or lang is None or found == lang.lower():
+            return None
+        begins = f"{text_key} {path}: its text ids begin with the language token of {found}"
+        if self.lang is not None:
+            says = f" (its line says {line_lang})" if line_lang and line_lang != self.lang else ""
+            return (f"{begins}, but ::{lang} trains the sample as {lang}{says}; drop ::{lang} if the data is {found}, "
+                    f"or make its text ids again as {lang} (indextts-retokenize)")
+        return (f"{begins}, but its line says the language is {lang}; fix the line's language, or make its text ids "
+                f"again as {lang} (indextts-retokenize)")
 
     def add(self, sample_id: str, text_len: int, code_len: int, line: int, lang: str | None, speaker: str | None,
             raws: list[str], kept_text_len: int | None = None) -> None:
@@ -315,7 +373,7 @@ def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
     if speaker is False or lang is False or alias is False:
         return False
     lang = alias or lang
-    kept, problem = ctx.family_checks(raws[0], form.text_ids, text_len, lang)
+    kept, problem = ctx.family_checks(form, raws, text_len, lang)
     if problem:
         return False
     ctx.add(sample_id, text_len, code_len, line, lang, speaker, raws, kept)
@@ -354,7 +412,7 @@ def check_line(obj: Any, ctx: FileContext, line: int) -> None:
     problems += (speaker_problem, lang_problem, alias_problem)
     if not any(problems):
         line_lang = alias or line_lang
-        kept, family_problem = ctx.family_checks(obj[form.text_ids], form.text_ids, text_len, line_lang)
+        kept, family_problem = ctx.family_checks(form, [obj[key] for key in form.path_keys], text_len, line_lang)
         problems.append(family_problem)
     if any(problems):
         check.problems.extend(f"{src}: {p}" for p in problems if p)

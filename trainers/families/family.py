@@ -77,7 +77,8 @@ class ModelFamily:
         return self.features(cfg.model_dim, cfg.number_text_tokens, cfg.start_mel_token)
 
     def data_limits(self, cfg: GPTConfig) -> DataLimits:
-        return DataLimits(cfg.max_text_tokens, cfg.max_mel_tokens, self.model.prefix_len, self.manifest_forms)
+        return DataLimits(cfg.max_text_tokens, cfg.max_mel_tokens, self.model.prefix_len, self.manifest_forms,
+                          cfg.number_text_tokens)
 
     def expected_keys(self, cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
         """Names and shapes of the model's tensors for `cfg` (the trained group of its upstream state dict)."""

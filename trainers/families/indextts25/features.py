@@ -32,13 +32,16 @@ import numpy as np
 from trainers.data.features import FeatureError, FeatureSpec, _fail, _float_array, _int_vector, _load_npy
 from trainers.data.manifest_lines import LineForm, ManifestForms, TextIds
 from trainers.data.sample_table import Sample
-from trainers.families.indextts25.languages import language_problem, lang_id
+from trainers.families.indextts25.languages import lang_id, language_problem, text_language
 from trainers.families.indextts25.model import SPEAKER_DIM
 
 DROPPED_IDS = (0, 1)  # start_text / stop_text, dropped from the content as prepare_gpt_inputs drops them
 CONDITION_LATENTS = 32  # IndexTTS2's conditioning latents [32, D]: what a 2.0 feature file holds instead
 # The members of a community .npz, by what they are.
 NPZ_MEMBERS = {"text_ids": "text_ids", "codes": "codes", "spk_emb": "spk_emb", "emo_vec": "emo_vec"}
+# ... and by the role of the line's path that names it (manifest_lines.ROLES): the prompt's file is read for spk_emb.
+ROLE_MEMBERS = {"text_ids": "text_ids", "codes": "codes", "condition": "spk_emb", "emo_vec": "emo_vec"}
+REMAKE = "re-run the 2.5 preprocessing"
 
 
 class _Unreadable(Exception):
@@ -51,28 +54,43 @@ def _problem(sample: Sample | None, what: str, path: str, problem: str) -> Excep
 
 def _archive_member(sample: Sample | None, what: str, path: str) -> np.ndarray:
     """The array `what` of an .npz (its member of that name) or an .npy file."""
+    return _read_member(sample, what, path)[0]
+
+
+def _read_member(sample: Sample | None, what: str, path: str) -> tuple[np.ndarray, frozenset[str] | None]:
+    """The array `what` of an .npz or an .npy file, and the arrays of the archive (None for an .npy)."""
     if not path.endswith(".npz"):
         if sample is not None:
-            return _load_npy(sample, what, path)
+            return _load_npy(sample, what, path), None
         array = np.load(path, allow_pickle=False)
         if not isinstance(array, np.ndarray):
             array.close()
             raise _Unreadable("is an .npz archive; expected a single array saved with np.save")
-        return array
+        return array, None
     try:
         with np.load(path, allow_pickle=False) as archive:
             member = NPZ_MEMBERS[what]
             if member not in archive.files:
                 raise _problem(sample, what, path, f"the archive has no {member!r} array (it has "
-                                                   f"{', '.join(archive.files) or 'none'}); re-run the 2.5 "
-                                                   "preprocessing")
-            return archive[member]
+                                                   f"{', '.join(archive.files) or 'none'}); {REMAKE}")
+            return archive[member], frozenset(archive.files)
     except (FeatureError, _Unreadable):
         raise
     except FileNotFoundError as exc:
         raise _problem(sample, what, path, "not found; was it deleted after the manifest was validated?") from exc
     except Exception as exc:  # numpy raises several types for corrupt archives
-        raise _problem(sample, what, path, f"cannot be loaded as .npz ({exc}); re-run the 2.5 preprocessing") from exc
+        raise _problem(sample, what, path, f"cannot be loaded as .npz ({exc}); {REMAKE}") from exc
+
+
+def archive_arrays(path: str) -> frozenset[str] | str | None:
+    """ManifestForms.archive_arrays: the arrays of an .npz (None for an .npy), or why it cannot be read."""
+    if not path.endswith(".npz"):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return frozenset(archive.files)
+    except Exception as exc:  # noqa: BLE001 - numpy raises several types for corrupt archives
+        return f"cannot be loaded as .npz ({exc}); {REMAKE}"
 
 
 def kept_ids(ids: np.ndarray) -> np.ndarray:
@@ -82,14 +100,15 @@ def kept_ids(ids: np.ndarray) -> np.ndarray:
 def count_text_ids(path: str) -> TextIds | str:
     """ManifestForms.count_text_ids: the ids of a text ids file and those kept once ids 0 and 1 are dropped."""
     try:
-        ids = _archive_member(None, "text_ids", path)
+        ids, arrays = _read_member(None, "text_ids", path)
     except _Unreadable as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is reported on its line
         return f"cannot be loaded ({exc}); re-extract this feature"
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         return f"expected a 1-D array of integer ids, found shape {list(ids.shape)} of {ids.dtype}"
-    return TextIds(int(ids.shape[0]), int(kept_ids(ids).shape[0]))
+    kept = kept_ids(ids)
+    return TextIds(int(ids.shape[0]), int(kept.shape[0]), int(kept[0]) if kept.size else -1, arrays)
 
 
 @dataclass(frozen=True)
@@ -180,4 +199,8 @@ FORMS = ManifestForms(
                   "'!' and '\"'), which IndexTTS-2.5 inference drops from the text before the model sees it: the "
                   "trainer drops them too, and counts each sample's text without them"),
     language_problem=language_problem,
+    text_language=text_language,
+    archive_arrays=archive_arrays,
+    role_arrays=ROLE_MEMBERS,
+    archive_hint=REMAKE,
 )

@@ -78,6 +78,20 @@ def language_problem(code: str | None) -> str | None:
             "(docs/indextts25.md, \"A new language\")")
 
 
+def first_language_token(number_text_tokens: int) -> int:
+    """The id of `<|en|>`, the first language token: the special tokens follow the ranks, two before it."""
+    return number_text_tokens - len(SPECIAL_TOKENS) + 2
+
+
+def text_language(first_id: int, number_text_tokens: int) -> str | None:
+    """ManifestForms.text_language: the language whose `<|xx|>` token `first_id` is (a text's first id: upstream's
+    front end begins every text with it), None when it is none (or the vocabulary holds no special tokens)."""
+    index = first_id - first_language_token(number_text_tokens)
+    if number_text_tokens <= len(SPECIAL_TOKENS) or not 0 <= index < TOKEN_LANGUAGES:
+        return None
+    return LANGUAGES[index]
+
+
 def trained_rows(number_text_tokens: int, codes: tuple[str, ...]) -> dict[str, list[int]]:
     """ModelFamily.language_rows: the rows a new language trains (--new-language), by table: its lang_embedding
     row, and where it has one the text rows of its <|xx|> token (id = ranks + 2 + lang_id, the special tokens
@@ -87,9 +101,8 @@ def trained_rows(number_text_tokens: int, codes: tuple[str, ...]) -> dict[str, l
         raise ValueError(f"--new-language {','.join(unknown)}: not one of IndexTTS-2.5's {len(LANGUAGES)} language "
                          f"codes; a language that is not borrows the code of one the model was not trained on "
                          f"(docs/indextts25.md, \"A new language\")")
-    ranks = number_text_tokens - len(SPECIAL_TOKENS)
     rows = {"lang_embedding.weight": sorted({lang_id(code) for code in codes})}
-    tokens = sorted({ranks + 2 + lang_id(code) for code in codes if has_token(code)})
+    tokens = sorted({first_language_token(number_text_tokens) + lang_id(code) for code in codes if has_token(code)})
     if tokens:
         rows.update({key: tokens for key in ("text_embedding.weight", "text_head.weight", "text_head.bias")})
     return rows
