@@ -31,7 +31,7 @@ from tests.demo_runs import REPO
 from trainers.families import FAMILIES, family_for_config
 from trainers.families.family import ModelFamily
 from trainers.families.indextts25.demo import tiktoken_file
-from trainers.families.indextts25.languages import RELEASED
+from trainers.families.indextts25.languages import RELEASED, first_language_token, lang_id
 from trainers.families.indextts25.model import SPEAKER_DIM
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.layout import CONDITION_LEN, PREFIX_LEN
@@ -185,7 +185,8 @@ def _indextts2_corpus(shape: _Shape, counts: dict[str, int], base_tokenizer: Pat
 def _indextts25_corpus(shape: _Shape, counts: dict[str, int], base_tokenizer: Path | None) -> tuple[Path, dict]:
     """A tiktoken file of the config's ids; one .npz per utterance (codes, text_ids, its speaker's 192-d vector,
     emo_vec); pair lines for training (the prompt: the next utterance of the same speaker), utterance lines for
-    validation, in the released languages by turns."""
+    validation, in the released languages by turns, each text beginning with its language's <|xx|> token as
+    upstream's front end writes it (the manifests' check refuses text ids of another language than the line's)."""
     tokenizer = shape.root / "tokenizer.tiktoken"
     tokenizer.write_bytes(tiktoken_file(shape.gpt.number_text_tokens))
     speakers = [shape.rng.standard_normal(SPEAKER_DIM, np.float32) for _ in range(SPEAKERS)]
@@ -193,12 +194,13 @@ def _indextts25_corpus(shape: _Shape, counts: dict[str, int], base_tokenizer: Pa
     for split, count in counts.items():
         rows = []
         for i in range(count):
-            name = f"{split}_{i:05d}"
-            np.savez(shape.root / "features" / f"{name}.npz", codes=shape.codes(), text_ids=shape.text_ids(),
+            name, lang = f"{split}_{i:05d}", RELEASED[i % len(RELEASED)]
+            text_ids = shape.text_ids()
+            text_ids[0] = first_language_token(shape.gpt.number_text_tokens) + lang_id(lang)  # as the front end
+            np.savez(shape.root / "features" / f"{name}.npz", codes=shape.codes(), text_ids=text_ids,
                      spk_emb=speakers[i % SPEAKERS], emo_vec=shape.emo_vec())
             rows.append({"id": name, "features": f"features/{name}.npz", "speaker": f"spk{i % SPEAKERS}",
-                         "lang": RELEASED[i % len(RELEASED)], "lang_alias": None, "text_len": shape.text_len,
-                         "code_len": shape.code_len})
+                         "lang": lang, "lang_alias": None, "text_len": shape.text_len, "code_len": shape.code_len})
         if split == "train":  # each target with the utterance SPEAKERS later (wrapping): the same speaker
             rows = [{"id": f"{t['id']}__{p['id']}", "target_features": t["features"], "prompt_features": p["features"],
                      **{k: t[k] for k in ("speaker", "lang", "lang_alias", "text_len", "code_len")}}
