@@ -431,7 +431,8 @@ def test_new_language_from_audio_to_an_exported_model(family, tmp_path):
     folder = uf.model_dir(family)
     uf.checkout(family)
     words = ethiopic_words() if family == "indextts2" else None  # 2.0: a script its base tokenizer lacks
-    listing = utterance_list(tmp_path, words)
+    # 2.5: the list's lines in the language its rows train (text ids then begin with <|tr|>, as LANGUAGE=tr trains)
+    listing = utterance_list(tmp_path, words, "en" if family == "indextts2" else "tr")
     env = {"BASE_DIR": str(folder), "AUDIO_LIST": str(listing), "WORK_DIR": str(tmp_path / "work"),
            "RUN_DIR": str(tmp_path / "run"), "INDEXTTS_DIR": str(uf.checkout(family)), "PREPARE_DEVICE": "cpu",
            "TRAIN_UNTIL_DONE_BACKOFF": "0", "PYTHONPATH": str(REPO),

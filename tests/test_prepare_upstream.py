@@ -200,8 +200,9 @@ def test_the_fingerprint_names_every_file_and_the_code(family_backend):
 
 # ------------------------------------------------------------------------------------------------ end to end
 
-def utterance_list(folder: Path, words: list[str] | None = None) -> Path:
-    """Six short clips of two speakers with texts of `words` (default: the demo's, which the tiny tokenizers know)."""
+def utterance_list(folder: Path, words: list[str] | None = None, language: str = "en") -> Path:
+    """Six short clips of two speakers with texts of `words` (default: the demo's, which the tiny tokenizers know),
+    in `language`."""
     import json
 
     from trainers.data.demo_corpus import WORDS
@@ -212,7 +213,7 @@ def utterance_list(folder: Path, words: list[str] | None = None) -> Path:
     for i in range(6):
         path = uf.write_wav(folder / f"utt{i}.wav", uf.voice(0.55 + 0.05 * i, seed=10 + i))
         text = " ".join(words[int(k)] for k in rng.integers(0, len(words), size=3)) + " ."
-        lines.append({"id": f"utt{i}", "audio": path.name, "text": text, "speaker": f"spk{i % 2}", "language": "en"})
+        lines.append({"id": f"utt{i}", "audio": path.name, "text": text, "speaker": f"spk{i % 2}", "language": language})
     listing = folder / "list.jsonl"
     listing.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     return listing
