@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.machinery
+import importlib.util
 import json
 import math
 import shutil
@@ -149,9 +150,21 @@ def torchaudio_code() -> dict[str, types.ModuleType]:
     return {"torchaudio": package, "torchaudio._extension": extension}
 
 
-def _ours(name: str) -> bool:
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # a module in sys.modules without a spec: not an installation
+        return False
+
+
+# Stood in only where not installed: transformers imports scipy.optimize whenever scipy's metadata is there (a
+# machine with scipy installed failed every subprocess prepare against a bare stand-in); the real one does.
+REAL_WHEN_INSTALLED = ("scipy",)
+
+
+def _ours(name: str, real: frozenset[str] = frozenset()) -> bool:
     top = name.split(".")[0]
-    return top in STAND_IN_NAMES or top in ("indextts", "indextts25")
+    return (top in STAND_IN_NAMES and top not in real) or top in ("indextts", "indextts25")
 
 
 @contextlib.contextmanager
@@ -159,7 +172,8 @@ def stand_ins() -> Iterator[None]:
     """Upstream's imports answered (see the module docstring) while the block runs; afterwards sys.modules is as
     it was (tests/test_render_samples.py puts its own fakes there)."""
     importlib.import_module("transformers")  # first: it probes for torchaudio at import
-    saved = {n: m for n, m in sys.modules.items() if _ours(n)}
+    real = frozenset(n for n in REAL_WHEN_INSTALLED if _installed(n))
+    saved = {n: m for n, m in sys.modules.items() if _ours(n, real)}
     for n in saved:
         del sys.modules[n]
     modules = torchaudio_code()
@@ -175,17 +189,19 @@ def stand_ins() -> Iterator[None]:
         "modelscope": _module("modelscope", AutoModelForCausalLM=NotCalled),
         "json5": _module("json5", loads=NotCalled),
         "munch": _module("munch", Munch=NotCalled),
-        "scipy": _module("scipy", __path__=[]), "scipy.io": _module("scipy.io", __path__=[]),
-        "scipy.io.wavfile": _module("scipy.io.wavfile", read=NotCalled, write=NotCalled),
         "tn": _module("tn", __path__=[]), "tn.chinese": _module("tn.chinese", __path__=[]),
         "tn.english": _module("tn.english", __path__=[]),
         "tn.chinese.normalizer": _module("tn.chinese.normalizer", Normalizer=DigitNormalizer),
         "tn.english.normalizer": _module("tn.english.normalizer", Normalizer=DigitNormalizer),
     })
+    if "scipy" not in real:
+        sys.modules.update({
+            "scipy": _module("scipy", __path__=[]), "scipy.io": _module("scipy.io", __path__=[]),
+            "scipy.io.wavfile": _module("scipy.io.wavfile", read=NotCalled, write=NotCalled)})
     try:
         yield
     finally:
-        for n in [n for n in sys.modules if _ours(n)]:
+        for n in [n for n in sys.modules if _ours(n, real)]:
             del sys.modules[n]
         sys.modules.update(saved)
 
