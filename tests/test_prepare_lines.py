@@ -117,6 +117,10 @@ def test_the_list_layouts_are_read(tmp_path):
                                                                                               "clips")]
     assert [p.reason for p in listing.problems] == ["bad_line"] and "ann/2.wav: has no transcript" in str(
         listing.problems[0])
+    (tmp_path / "d.jsonl").write_text(json.dumps({"audio": "a.wav", "text": "one\u2028two"}, ensure_ascii=False)
+                                      + "\n[]\n", encoding="utf-8")  # U+2028 unescaped in a string: still one line
+    assert [str(p).split(":")[:2] for p in read_input(tmp_path / "d.jsonl", "auto", None, None).problems] == [
+        ["d.jsonl", "2"]]
     with pytest.raises(UserError, match="not a header naming the audio and text columns"):
         (tmp_path / "c.csv").write_text("u1,w.wav,text\n", encoding="utf-8")
         read_input(tmp_path / "c.csv", "auto", None, None)

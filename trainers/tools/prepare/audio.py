@@ -13,8 +13,10 @@ clip's length, and so its batch and its limits, before it decodes anything.
 from __future__ import annotations
 
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -139,12 +141,11 @@ def _read_other(path: Path) -> tuple[np.ndarray, int]:
     return np.atleast_2d(np.asarray(data, dtype=np.float32)), int(rate)
 
 
-def read_audio(path: Path) -> tuple[np.ndarray, int]:
-    """The file's samples [channels, frames] float32 in [-1, 1] and its rate; AudioProblem when it cannot be read."""
+@contextmanager
+def _opening(path: Path) -> Iterator[None]:
+    """A file that cannot be opened as the AudioProblem of its line."""
     try:
-        if path.suffix.lower() in WAV_SUFFIXES:
-            return _read_wav(path)
-        return _read_other(path)
+        yield
     except FileNotFoundError:
         raise AudioProblem("not found", "fix the path (relative paths are read from the list's folder)",
                            "missing_audio") from None
@@ -154,10 +155,18 @@ def read_audio(path: Path) -> tuple[np.ndarray, int]:
         raise AudioProblem(f"cannot be read ({exc.strerror or exc})", "check the file's permissions") from None
 
 
+def read_audio(path: Path) -> tuple[np.ndarray, int]:
+    """The file's samples [channels, frames] float32 in [-1, 1] and its rate; AudioProblem when it cannot be read."""
+    with _opening(path):
+        if path.suffix.lower() in WAV_SUFFIXES:
+            return _read_wav(path)
+        return _read_other(path)
+
+
 def audio_info(path: Path) -> AudioInfo | None:
     """The header's length, rate and channels without decoding; None where only decoding tells (no soundfile for a
     non-WAV file). AudioProblem when the file is missing or its header is damaged."""
-    try:
+    with _opening(path):
         if path.suffix.lower() in WAV_SUFFIXES:
             return _wav_layout(path).info
         if not path.is_file():
@@ -171,13 +180,6 @@ def audio_info(path: Path) -> AudioInfo | None:
         except Exception:  # noqa: BLE001 - decoding will say what is wrong, on its line
             return None
         return AudioInfo(int(info.frames), int(info.samplerate), int(info.channels))
-    except FileNotFoundError:
-        raise AudioProblem("not found", "fix the path (relative paths are read from the list's folder)",
-                           "missing_audio") from None
-    except IsADirectoryError:
-        raise AudioProblem("is a folder, not an audio file", "fix the path") from None
-    except OSError as exc:
-        raise AudioProblem(f"cannot be read ({exc.strerror or exc})", "check the file's permissions") from None
 
 
 @dataclass(frozen=True)
