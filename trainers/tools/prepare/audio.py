@@ -26,7 +26,7 @@ from trainers.tools.prepare.resample import resample, resampled_length
 PCM, IEEE_FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
 WAV_SUFFIXES = (".wav", ".wave")
 AUDIO_SUFFIXES = (".wav", ".wave", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".aiff", ".aif")
-NO_DECODER = "pip install soundfile (or librosa) for this format, or convert the file to WAV"
+NO_DECODER = "pip install soundfile, or convert it to WAV"
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,7 @@ def _wav_layout(path: Path) -> _WavLayout:
     with open(path, "rb") as f:
         head = f.read(12)
         if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            raise AudioProblem("is not a RIFF WAVE file (no RIFF/WAVE header)", "convert it to WAV, or give it the "
-                               "suffix of its real format")
+            raise AudioProblem("is not a RIFF WAVE file", "convert it to WAV, or give it its format's suffix")
         fmt = None
         while True:
             chunk = f.read(8)
@@ -131,8 +130,8 @@ def _read_other(path: Path) -> tuple[np.ndarray, int]:
     try:
         import librosa
     except ImportError:
-        raise AudioProblem(f"is a {path.suffix or 'suffix-less'} file and neither soundfile nor librosa is installed "
-                           "to decode it", NO_DECODER) from None
+        raise AudioProblem(f"needs soundfile or librosa to be decoded ({path.suffix or 'not WAV'})",
+                           NO_DECODER) from None
     try:
         data, rate = librosa.load(str(path), sr=None, mono=False)
     except Exception as exc:  # librosa falls back to audioread, whose errors vary
