@@ -77,7 +77,7 @@ def test_the_demo_prepares_audio_and_the_trainer_trains_on_it(tmp_path, family):
     assert "kept 40 utterances" in result.stdout and "converted: 30 resampled to 16000 Hz" in result.stdout
     assert "10 mixed to mono" in result.stdout
     assert "training finished at step 2" in result.stderr
-    assert "stand-in features" in result.stdout and "indextts-train --config" in result.stdout
+    assert "stand-in features" in result.stdout and "indextts-train \\\n    --config" in result.stdout
     lines = [json.loads(x) for x in (tmp_path / "prepared" / "train_pairs.jsonl").read_text().splitlines()]
     assert len(lines) == 38 and all(x["id"].split("__")[0] != x["id"].split("__")[1] for x in lines)
 
