@@ -180,6 +180,18 @@ def test_a_changed_list_tokenizer_or_model_is_refused_and_update_takes_a_changed
     assert_same_output(tmp_path / "fresh", out)  # nothing was written by the refusals
 
 
+def test_an_out_folder_holding_files_of_its_own_is_refused(corpora, tmp_path):
+    listing, tokenizer, config = corpora["indextts2"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train_pairs.jsonl").write_text("mine\n")
+    refused = prepare_here(*flags(listing, tokenizer, config, out))
+    assert refused.returncode == 2 and "already holds train_pairs.jsonl, not written by indextts-prepare" in \
+        refused.stderr, refused.stderr
+    assert (out / "train_pairs.jsonl").read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == [
+        "train_pairs.jsonl"]
+
+
 def test_a_changed_audio_file_is_made_again(corpora, tmp_path):
     listing, tokenizer, config = corpora["indextts25"]
     audio = tmp_path / "audio"

@@ -206,7 +206,8 @@ def test_every_bad_line_is_reported_skipped_and_counted_and_nothing_of_it_is_wri
                                             "missing_audio": 1, "nan": 1, "silence": 1, "text_empty": 1,
                                             "text_too_long": 1, "text_unknown": 1, "too_long": 1, "too_short": 1}
     assert summary["converted"]["mixed_to_mono"] == 1 + 2 and 8000 in summary["converted"]["from_rates"]
-    assert "skipped 16 lines (each in skipped.txt): malformed line 3, audio empty 2, audio unreadable 2" in result.stdout
+    assert "skipped 16 lines (each in skipped.txt): malformed line 3, audio empty 2, audio unreadable 2" in \
+        result.stdout
     assert_lines_fit(result.stdout + result.stderr + "\n".join(skipped), folder, out, listing.parent)
     kept = {r["id"] for name in ("train_utterances.jsonl", "val_utterances.jsonl") if (out / name).exists()
             for r in map(json.loads, (out / name).read_text().splitlines())}

@@ -90,7 +90,8 @@ def _wav_layout(path: Path) -> _WavLayout:
                 if length < frame:
                     raise AudioProblem("holds no audio samples", "record or convert it again, or remove the line",
                                        "empty")
-                return _WavLayout(AudioInfo(length // frame, rate, channels), tag, bits, offset, length // frame * frame)
+                frames = length // frame
+                return _WavLayout(AudioInfo(frames, rate, channels), tag, bits, offset, frames * frame)
             else:
                 f.seek(length + (length & 1), 1)  # chunks are padded to even sizes
 

@@ -103,7 +103,8 @@ def _first_line(path: Path) -> str:
         with open(path, encoding="utf-8-sig", errors="replace") as f:
             return f.readline()
     except OSError as exc:
-        raise UserError(f"--input {path}: {exc.strerror or exc}; pass the utterance list or a folder of audio") from None
+        raise UserError(f"--input {path}: {exc.strerror or exc}; pass the utterance list or a folder of audio") \
+            from None
 
 
 def _header_names(line: str) -> dict[str, int]:

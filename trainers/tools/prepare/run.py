@@ -22,7 +22,7 @@ from trainers.tools.prepare.batching import Encoder
 from trainers.tools.prepare.checks import LineLimits
 from trainers.tools.prepare.inputs import Listing, read_input
 from trainers.tools.prepare.layouts import LAYOUTS
-from trainers.tools.prepare.merge import Merged, merge, missing, summary_lines
+from trainers.tools.prepare.merge import MANIFESTS, SKIPPED_NAME, SUMMARY_NAME, Merged, merge, missing, summary_lines
 from trainers.tools.prepare.report import command_lines, say, warn
 from trainers.tools.prepare.settings import PrepareSettings, Shard
 from trainers.tools.prepare.store import FORMAT_VERSION, Store, owner
@@ -123,7 +123,7 @@ def _short(value: Any) -> str:
 
 def check_plan(store: Store, plan: dict[str, Any], update: bool) -> None:
     """The output's plan is this one, or the preparation is refused (UserError); --update takes a changed input."""
-    saved = store.create(plan)
+    saved = store.create(plan, (*MANIFESTS, SKIPPED_NAME, SUMMARY_NAME))
     if saved == plan:
         return
     other = {k: v for k, v in saved.items() if k != "input"}
@@ -179,7 +179,8 @@ def _listing(settings: PrepareSettings) -> Listing:
     return read_input(settings.input, settings.input_format, settings.speaker, settings.language)
 
 
-def _work(settings: PrepareSettings, store: Store, shard: Shard, model: Model, backend: FeatureBackend, listing: Listing,
+def _work(settings: PrepareSettings, store: Store, shard: Shard, model: Model, backend: FeatureBackend,
+          listing: Listing,
           device: torch.device) -> None:
 
     ids = [e.id for e in listing.entries]
