@@ -264,3 +264,18 @@ def test_the_progress_bar_shows_utterances_per_second_and_the_time_left(monkeypa
     bar.advance(4)
     bar.close()
     assert re.search(r"^prepared 4/10 utterances, [\d.]+ utt/s, about 0:\d\d:\d\d left$", piped.getvalue(), re.M)
+
+
+def test_settings_out_of_range_are_refused_naming_the_flag(capsys):
+    """indextts-prepare's settings are declared as the trainer's (trainers/config/declare.py): ranges and
+    misspelt flags are refused before anything is read (exit 2)."""
+    from trainers.tools.prepare.cli import main
+    from trainers.tools.prepare.settings import PrepareSettings, parse_settings
+
+    assert main(["--val-fraction", "0.9", "--input", "x", "--out", "y"]) == 2
+    assert "--val-fraction must be a finite number >= 0 and <= 0.5, got 0.9" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--min-secnds", "1"])
+    assert exited.value.code == 2 and "did you mean --min-seconds?" in capsys.readouterr().err
+    assert set(PrepareSettings().fingerprinted()) == {"family", "backend", "speaker", "language", "min_seconds",
+                                                      "silence_db"}
