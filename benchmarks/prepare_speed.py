@@ -153,8 +153,8 @@ def main() -> int:
         args.clips, args.rounds = 8, 1
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{args.threads} thread(s); load average before {load:.2f}", flush=True)
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} CPUs, torch "
+          f"{torch.__version__}, {args.threads} thread(s); load average before {load:.2f}", flush=True)
     families = ("indextts2", "indextts25") if args.family == "both" else (args.family,)
     with tempfile.TemporaryDirectory(prefix="prepare_speed-") as tmp:
         ratios = [family_figures(f, args.clips, args.rounds, Path(tmp)) for f in families]

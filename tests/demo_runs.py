@@ -104,23 +104,31 @@ def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str,
     from trainers.main import main
 
     assert not kill_at or kill_at.startswith(("SIGTERM@", "SIGINT@", "SIGHUP@")), kill_at
-    variables = {"INDEXTTS_TRAIN_KILL_AT": kill_at, **(env or {})}
-    saved = {k: os.environ.get(k) for k in (*FAULT_VARS, *variables)}
-    for k in FAULT_VARS:
-        os.environ.pop(k, None)
-    os.environ.update({k: v for k, v in variables.items() if v is not None})
     err = io.StringIO()
     argv = ["--output-dir", str(out), *args]
+    with environment({**dict.fromkeys(FAULT_VARS), "INDEXTTS_TRAIN_KILL_AT": kill_at, **(env or {})}), \
+            contextlib.redirect_stderr(err):
+        status = main(argv)
+    return subprocess.CompletedProcess(argv, status, "", err.getvalue())
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str | None]):
+    """These environment variables set (None: unset) for the block, and restored after it."""
+    saved = {k: os.environ.get(k) for k in variables}
+    for k, v in variables.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
-        with contextlib.redirect_stderr(err):
-            status = main(argv)
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    return subprocess.CompletedProcess(argv, status, "", err.getvalue())
 
 
 def family_run(family_assets: list[str], request, fixture: str, tmp_path_factory, *flags: str) -> Path:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 
-from tests.demo_runs import REPO, subprocess_env
+from tests.demo_runs import REPO, environment, subprocess_env
 from trainers.tools.prepare.demo import DEMO_CONFIGS, make_audio
 
 STATE = ".prepare"
@@ -38,18 +37,9 @@ def prepare_here(*argv: str, env: dict[str, str] | None = None) -> subprocess.Co
     """indextts-prepare's main() in this process: its status, stdout and stderr."""
     from trainers.tools.prepare.cli import main
 
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
     out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = main(list(argv))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment(env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(list(argv))
     return subprocess.CompletedProcess(list(argv), status, out.getvalue(), err.getvalue())
 
 

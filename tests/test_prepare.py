@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.demo_runs import train_here
+from tests.demo_runs import assert_lines_fit
 from tests.prepare_data import assert_same_output, corpus, flags, prepare_here
 from trainers.data.demo_corpus import _sentence, _train_tokenizer, front_end
 from trainers.tools.prepare.backend import BackendRequest, Clip, Features, check_features
@@ -72,18 +72,13 @@ def test_a_batch_equals_each_clip_alone_and_padded_rows_do_not(corpora, family):
 def test_the_demo_prepares_audio_and_the_trainer_trains_on_it(tmp_path, family):
     """--demo: synthesised audio at four rates (one speaker in stereo) prepared into the family's manifests, then
     trained by the trainer's own main(): its manifest check, feature readers and two steps accept them."""
-    result = prepare_here("--demo", "--family", family, "--out", str(tmp_path), "--demo-steps", "0")
-    assert result.returncode == 0, result.stderr
-    assert "kept 40 utterances" in result.stdout and "converted: 30 resampled" in result.stdout
+    result = prepare_here("--demo", "--family", family, "--out", str(tmp_path), "--demo-steps", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "kept 40 utterances" in result.stdout and "converted: 30 resampled to 16000 Hz" in result.stdout
     assert "10 mixed to mono" in result.stdout
-    out = tmp_path / "prepared"
-    command = result.stdout.split("indextts-train ", 1)[1].split()
-    command[command.index("--max-steps") + 1] = "2"
-    command = [a for a in command if a not in ("--output-dir", str(tmp_path / "run"))]
-    trained = train_here(tmp_path / "run", *command, "--val-interval", "2", "--save-interval", "2")
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    assert "training finished at step 2" in trained.stderr
-    lines = [json.loads(x) for x in (out / "train_pairs.jsonl").read_text().splitlines()]
+    assert "training finished at step 2" in result.stderr
+    assert "stand-in features" in result.stdout and "indextts-train \\\n    --config" in result.stdout
+    lines = [json.loads(x) for x in (tmp_path / "prepared" / "train_pairs.jsonl").read_text().splitlines()]
     assert len(lines) == 38 and all(x["id"].split("__")[0] != x["id"].split("__")[1] for x in lines)
 
 
@@ -95,6 +90,7 @@ def test_two_shards_merged_equal_one_process(corpora, tmp_path, family):
     two = tmp_path / "two"
     first = prepare_here(*flags(listing, tokenizer, config, two, "--shard", "1/2"))
     assert first.returncode == 0 and "shard 1/2 is done" in first.stdout, first.stdout + first.stderr
+    assert_lines_fit(first.stdout + first.stderr, tmp_path, listing.parent)
     assert not (two / "train_pairs.jsonl").exists()
     second = prepare_here(*flags(listing, tokenizer, config, two, "--shard", "2/2"))
     assert second.returncode == 0 and "kept 16 utterances" in second.stdout, second.stderr
@@ -128,8 +124,9 @@ def test_out_of_memory_halves_the_batch_and_the_output_stays_the_same(corpora, t
     halved = prepare_here(*flags(listing, tokenizer, config, tmp_path / "halved", "--batch-size", "8"),
                           env={"INDEXTTS_PREPARE_OOM_ABOVE": "3"})
     assert halved.returncode == 0, halved.stderr
-    assert "out of memory with a batch of 8 clips" in halved.stderr
-    assert "out of memory with a batch of 4 clips" in halved.stderr
+    assert "out of memory with 8 clips, redone in halves; later batches hold half" in halved.stderr
+    assert "out of memory with 4 clips, redone in halves" in halved.stderr
+    assert_lines_fit(halved.stderr + halved.stdout, tmp_path, corpora["indextts2"][0].parent)
     assert_same_output(tmp_path / "plain", tmp_path / "halved", exact=False)
     stopped = prepare_here(*flags(listing, tokenizer, config, tmp_path / "stopped"),
                            env={"INDEXTTS_PREPARE_OOM_ABOVE": "0"})
@@ -183,6 +180,18 @@ def test_a_changed_list_tokenizer_or_model_is_refused_and_update_takes_a_changed
     assert_same_output(tmp_path / "fresh", out)  # nothing was written by the refusals
 
 
+def test_an_out_folder_holding_files_of_its_own_is_refused(corpora, tmp_path):
+    listing, tokenizer, config = corpora["indextts2"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "train_pairs.jsonl").write_text("mine\n")
+    refused = prepare_here(*flags(listing, tokenizer, config, out))
+    assert refused.returncode == 2 and "already holds train_pairs.jsonl, not written by indextts-prepare" in \
+        refused.stderr, refused.stderr
+    assert (out / "train_pairs.jsonl").read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == [
+        "train_pairs.jsonl"]
+
+
 def test_a_changed_audio_file_is_made_again(corpora, tmp_path):
     listing, tokenizer, config = corpora["indextts25"]
     audio = tmp_path / "audio"
@@ -227,7 +236,8 @@ def test_a_speaker_with_one_utterance_is_reported(corpora, tmp_path):
         (tmp_path / name).symlink_to(listing.parent / name)
     result = prepare_here(*flags(with_solo, tokenizer, config, tmp_path / "out", "--val-fraction", "0"))
     assert result.returncode == 0, result.stderr
-    assert "speaker 'solo': 1 training utterance(s) (solo) in no pair: no other utterance" in result.stdout
+    assert ("speaker 'solo': 1 training utterance(s) in no pair, no prompt (solo): none other among the "
+            "training ones") in result.stdout
     summary = json.loads((tmp_path / "out" / "prepare_summary.json").read_text())
     assert summary["manifests"] == {"train_pairs.jsonl": 16, "train_utterances.jsonl": 17}
 
@@ -254,3 +264,18 @@ def test_the_progress_bar_shows_utterances_per_second_and_the_time_left(monkeypa
     bar.advance(4)
     bar.close()
     assert re.search(r"^prepared 4/10 utterances, [\d.]+ utt/s, about 0:\d\d:\d\d left$", piped.getvalue(), re.M)
+
+
+def test_settings_out_of_range_are_refused_naming_the_flag(capsys):
+    """indextts-prepare's settings are declared as the trainer's (trainers/config/declare.py): ranges and
+    misspelt flags are refused before anything is read (exit 2)."""
+    from trainers.tools.prepare.cli import main
+    from trainers.tools.prepare.settings import PrepareSettings, parse_settings
+
+    assert main(["--val-fraction", "0.9", "--input", "x", "--out", "y"]) == 2
+    assert "--val-fraction must be a finite number >= 0 and <= 0.5, got 0.9" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--min-secnds", "1"])
+    assert exited.value.code == 2 and "did you mean --min-seconds?" in capsys.readouterr().err
+    assert set(PrepareSettings().fingerprinted()) == {"family", "backend", "speaker", "language", "min_seconds",
+                                                      "silence_db"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.demo_runs import assert_lines_fit
 from tests.prepare_data import corpus, flags, prepare_here
 from trainers.errors import UserError
 from trainers.tools.prepare.audio import AudioLoader, audio_info, read_audio
@@ -117,6 +118,10 @@ def test_the_list_layouts_are_read(tmp_path):
                                                                                               "clips")]
     assert [p.reason for p in listing.problems] == ["bad_line"] and "ann/2.wav: has no transcript" in str(
         listing.problems[0])
+    (tmp_path / "d.jsonl").write_text(json.dumps({"audio": "a.wav", "text": "one\u2028two"}, ensure_ascii=False)
+                                      + "\n[]\n", encoding="utf-8")  # U+2028 unescaped in a string: still one line
+    assert [str(p).split(":")[:2] for p in read_input(tmp_path / "d.jsonl", "auto", None, None).problems] == [
+        ["d.jsonl", "2"]]
     with pytest.raises(UserError, match="not a header naming the audio and text columns"):
         (tmp_path / "c.csv").write_text("u1,w.wav,text\n", encoding="utf-8")
         read_input(tmp_path / "c.csv", "auto", None, None)
@@ -168,17 +173,17 @@ def test_every_bad_line_is_reported_skipped_and_counted_and_nothing_of_it_is_wri
     n = len(good)
     expected = {
         n + 1: "list.jsonl:{}: {}/nope.wav not found; fix the path",
-        n + 2: "list.jsonl:{}: {}/garbage.wav is not a RIFF WAVE file (no RIFF/WAVE header); convert it to WAV",
+        n + 2: "list.jsonl:{}: {}/garbage.wav is not a RIFF WAVE file; convert it to WAV",
         n + 3: "list.jsonl:{}: {}/empty.wav is an empty file (0 bytes); record or convert it again",
         n + 4: "list.jsonl:{}: {}/nothing.wav holds no audio samples; record or convert it again",
-        n + 5: "list.jsonl:{}: silent.wav is silent (its loudest sample is at -inf dB of full scale, below --silence-db "
-               "-60); check the recording, or lower --silence-db",
+        n + 5: "list.jsonl:{}: silent.wav is silent (peak -inf dBFS, below --silence-db -60); check the recording, or "
+               "lower --silence-db",
         n + 6: "list.jsonl:{}: lasts 0.20 s, shorter than --min-seconds 0.5; remove the line, or lower --min-seconds",
         n + 7: "list.jsonl:{}: lasts 4.0 s: 199 codes, more than gpt.max_mel_tokens 150; split it into clips of at "
                "most 3 s",
         n + 8: "list.jsonl:{}: nan.wav holds 1 NaN or infinite samples; convert it again from the original recording",
-        n + 11: "list.jsonl:{}: 2 of its 4 tokens are unknown to the tokenizer (it encoded 'ПРИВЕТ МИР'); extend the "
-                "tokenizer",
+        n + 11: "list.jsonl:{}: 2 of 4 tokens unknown ('ПРИВЕТ МИР'); fix the text, or "
+                "extend the tokenizer (indextts-extend-bpe)",
         n + 12: "list.jsonl:{}: its text is 120 tokens, more than gpt.max_text_tokens 48; split the utterance",
         n + 13: "list.jsonl:{}: the text is empty; write its transcript, or remove the line",
         n + 14: "list.jsonl:{}: id 'stereo' was already used by list.jsonl:{}; give each utterance its own id",
@@ -201,7 +206,9 @@ def test_every_bad_line_is_reported_skipped_and_counted_and_nothing_of_it_is_wri
                                             "missing_audio": 1, "nan": 1, "silence": 1, "text_empty": 1,
                                             "text_too_long": 1, "text_unknown": 1, "too_long": 1, "too_short": 1}
     assert summary["converted"]["mixed_to_mono"] == 1 + 2 and 8000 in summary["converted"]["from_rates"]
-    assert "skipped 16 lines: malformed line 3, audio empty 2, audio unreadable 2" in result.stdout
+    assert "skipped 16 lines (each in skipped.txt): malformed line 3, audio empty 2, audio unreadable 2" in \
+        result.stdout
+    assert_lines_fit(result.stdout + result.stderr + "\n".join(skipped), folder, out, listing.parent)
     kept = {r["id"] for name in ("train_utterances.jsonl", "val_utterances.jsonl") if (out / name).exists()
             for r in map(json.loads, (out / name).read_text().splitlines())}
     assert kept == {r["id"] for r in good} | {"stereo", "8k"}
@@ -219,4 +226,5 @@ def test_an_indextts25_line_needs_a_language_it_knows(tmp_path):
     assert result.returncode == 3, result.stderr
     assert ("list.jsonl:2: no language (an IndexTTS-2.5 text starts with its language's token); add a language field "
             "to the line, or pass --language") in result.stderr
-    assert "list.jsonl:3: language 'xx' is not one of IndexTTS-2.5's 106 language codes" in result.stderr
+    assert ("list.jsonl:3: language 'xx' is not one of IndexTTS-2.5's codes; borrow one it has (docs/indextts25.md, "
+            "\"A new language\")") in result.stderr

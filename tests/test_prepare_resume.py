@@ -3,6 +3,7 @@ command: the output equals an uninterrupted run's, byte for byte (trainers/tools
 runs are processes of their own, forked from the tests' server (tests/trainer_process.py)."""
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -46,23 +47,33 @@ def test_killed_at_every_write_point_and_run_again_it_ends_as_an_uninterrupted_r
     assert final.returncode == 0, final.stderr
     assert "removed" not in final.stdout  # the temporaries went with the merge of the killed runs
     assert_same_output(reference, out)
+    lines = records[0].read_bytes().split(b"\n")
+    assert lines[-1] == b"" and all(json.loads(line) for line in lines[:-1])  # the torn record was cut off
 
 
 def test_killed_at_random_instants_and_run_again_it_ends_as_an_uninterrupted_run(data, tmp_path):
     listing, tokenizer, config, reference = data
+    assert prepare_process("--help").wait(120) == 0  # the tests' server started, if no test started it before
+    started = time.monotonic()
+    timing = prepare_process(*flags(listing, tokenizer, config, tmp_path / "timing", "--batch-size", "4"))
+    assert timing.wait(60) == 0, timing.stderr_text()
+    took = time.monotonic() - started  # a whole run as a process, here and now
     out = tmp_path / "out"
     argv = flags(listing, tokenizer, config, out, "--batch-size", "4")
     draw = random.Random(40)
-    delays = [round(draw.uniform(0.05, 0.6), 3) for _ in range(4)]
-    statuses = []
+    delays = [round(draw.uniform(0.2, 0.9) * took, 3) for _ in range(4)]
+    statuses, recorded = [], []
     for delay in delays:
         proc = prepare_process(*argv)
         time.sleep(delay)
         proc.kill_tree()
         statuses.append(proc.wait(30))
-    assert statuses.count(-signal.SIGKILL) >= 2, f"delays {delays}: most runs ended before their kill: {statuses}"
+        recorded.append(sum(len(p.read_text().splitlines()) for p in (out / ".prepare").glob("records-*.jsonl"))
+                        if (out / ".prepare").is_dir() else 0)
+    landed = f"delays {delays} of a {took:.2f} s run: statuses {statuses}, records after each {recorded}"
+    assert statuses.count(-signal.SIGKILL) >= 2 and 0 < recorded[-1], landed  # killed mid-way, after some records
     final = prepare_here(*argv)
-    assert final.returncode == 0, f"delays {delays}, statuses {statuses}\n{final.stderr}"
+    assert final.returncode == 0, f"{landed}\n{final.stderr}"
     assert_same_output(reference, out)
 
 

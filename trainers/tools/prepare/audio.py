@@ -13,8 +13,10 @@ clip's length, and so its batch and its limits, before it decodes anything.
 from __future__ import annotations
 
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -24,7 +26,7 @@ from trainers.tools.prepare.resample import resample, resampled_length
 PCM, IEEE_FLOAT, EXTENSIBLE = 1, 3, 0xFFFE
 WAV_SUFFIXES = (".wav", ".wave")
 AUDIO_SUFFIXES = (".wav", ".wave", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".aiff", ".aif")
-NO_DECODER = "pip install soundfile (or librosa) for this format, or convert the file to WAV"
+NO_DECODER = "pip install soundfile, or convert it to WAV"
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,7 @@ def _wav_layout(path: Path) -> _WavLayout:
     with open(path, "rb") as f:
         head = f.read(12)
         if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
-            raise AudioProblem("is not a RIFF WAVE file (no RIFF/WAVE header)", "convert it to WAV, or give it the "
-                               "suffix of its real format")
+            raise AudioProblem("is not a RIFF WAVE file", "convert it to WAV, or give it its format's suffix")
         fmt = None
         while True:
             chunk = f.read(8)
@@ -89,7 +90,8 @@ def _wav_layout(path: Path) -> _WavLayout:
                 if length < frame:
                     raise AudioProblem("holds no audio samples", "record or convert it again, or remove the line",
                                        "empty")
-                return _WavLayout(AudioInfo(length // frame, rate, channels), tag, bits, offset, length // frame * frame)
+                frames = length // frame
+                return _WavLayout(AudioInfo(frames, rate, channels), tag, bits, offset, frames * frame)
             else:
                 f.seek(length + (length & 1), 1)  # chunks are padded to even sizes
 
@@ -129,8 +131,8 @@ def _read_other(path: Path) -> tuple[np.ndarray, int]:
     try:
         import librosa
     except ImportError:
-        raise AudioProblem(f"is a {path.suffix or 'suffix-less'} file and neither soundfile nor librosa is installed "
-                           "to decode it", NO_DECODER) from None
+        raise AudioProblem(f"needs soundfile or librosa to be decoded ({path.suffix or 'not WAV'})",
+                           NO_DECODER) from None
     try:
         data, rate = librosa.load(str(path), sr=None, mono=False)
     except Exception as exc:  # librosa falls back to audioread, whose errors vary
@@ -139,12 +141,11 @@ def _read_other(path: Path) -> tuple[np.ndarray, int]:
     return np.atleast_2d(np.asarray(data, dtype=np.float32)), int(rate)
 
 
-def read_audio(path: Path) -> tuple[np.ndarray, int]:
-    """The file's samples [channels, frames] float32 in [-1, 1] and its rate; AudioProblem when it cannot be read."""
+@contextmanager
+def _opening(path: Path) -> Iterator[None]:
+    """A file that cannot be opened as the AudioProblem of its line."""
     try:
-        if path.suffix.lower() in WAV_SUFFIXES:
-            return _read_wav(path)
-        return _read_other(path)
+        yield
     except FileNotFoundError:
         raise AudioProblem("not found", "fix the path (relative paths are read from the list's folder)",
                            "missing_audio") from None
@@ -154,10 +155,18 @@ def read_audio(path: Path) -> tuple[np.ndarray, int]:
         raise AudioProblem(f"cannot be read ({exc.strerror or exc})", "check the file's permissions") from None
 
 
+def read_audio(path: Path) -> tuple[np.ndarray, int]:
+    """The file's samples [channels, frames] float32 in [-1, 1] and its rate; AudioProblem when it cannot be read."""
+    with _opening(path):
+        if path.suffix.lower() in WAV_SUFFIXES:
+            return _read_wav(path)
+        return _read_other(path)
+
+
 def audio_info(path: Path) -> AudioInfo | None:
     """The header's length, rate and channels without decoding; None where only decoding tells (no soundfile for a
     non-WAV file). AudioProblem when the file is missing or its header is damaged."""
-    try:
+    with _opening(path):
         if path.suffix.lower() in WAV_SUFFIXES:
             return _wav_layout(path).info
         if not path.is_file():
@@ -171,13 +180,6 @@ def audio_info(path: Path) -> AudioInfo | None:
         except Exception:  # noqa: BLE001 - decoding will say what is wrong, on its line
             return None
         return AudioInfo(int(info.frames), int(info.samplerate), int(info.channels))
-    except FileNotFoundError:
-        raise AudioProblem("not found", "fix the path (relative paths are read from the list's folder)",
-                           "missing_audio") from None
-    except IsADirectoryError:
-        raise AudioProblem("is a folder, not an audio file", "fix the path") from None
-    except OSError as exc:
-        raise AudioProblem(f"cannot be read ({exc.strerror or exc})", "check the file's permissions") from None
 
 
 @dataclass(frozen=True)

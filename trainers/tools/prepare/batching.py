@@ -46,8 +46,7 @@ class Encoder:
         failed = None
         try:
             if self.oom_above is not None and len(clips) > self.oom_above:
-                raise torch.OutOfMemoryError(f"CUDA out of memory (injected: {len(clips)} clips > "
-                                             f"{OOM_VAR}={self.oom_above})")
+                raise torch.OutOfMemoryError(f"CUDA out of memory ({OOM_VAR}={self.oom_above})")
             features = self.backend.encode(clips)
         except RuntimeError as exc:  # torch.OutOfMemoryError is one
             if not is_out_of_memory(exc):
@@ -63,8 +62,8 @@ class Encoder:
                                   f"({clips[0].id}; {failed}): use a GPU with more memory, or leave out clips this "
                                   "long")
         self.budget = max(1, min(self.budget, len(clips) * longest) // 2)
-        self.on_halved(f"out of memory with a batch of {len(clips)} clips ({failed}); redoing it in halves, and "
-                       f"later batches hold half the audio")
+        self.on_halved(f"out of memory with {len(clips)} clips, redone in halves; later batches hold half "
+                       f"({failed[:30]})")
         half = len(clips) // 2
         return self.encode(clips[:half]) + self.encode(clips[half:])
 

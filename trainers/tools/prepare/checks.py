@@ -54,17 +54,15 @@ def text_problem(entry: Entry, text: TextIds | None, limits: LineLimits, languag
         if entry.language is None:
             return Problem(entry.source, "language", "no language (an IndexTTS-2.5 text starts with its language's "
                            "token)", "add a language field to the line, or pass --language")
-        problem = language_problem(entry.language)
-        if problem:
-            what, _, todo = problem.partition("; ")
-            return Problem(entry.source, "language", what, todo or "fix the line's language")
+        if language_problem(entry.language):
+            return Problem(entry.source, "language", f"language {entry.language!r} is not one of IndexTTS-2.5's codes",
+                           "borrow one it has (docs/indextts25.md, \"A new language\")")
     if text is None or text.ids.size == 0:
         return Problem(entry.source, "text_empty", "the text is empty" if text is None else
                        f"the text {entry.text!r} makes no token", "write its transcript, or remove the line")
     if text.unknown:
-        return Problem(entry.source, "text_unknown", f"{text.unknown} of its {text.ids.size} tokens are unknown to the "
-                       f"tokenizer (it encoded {text.normalised[:60]!r})", "extend the tokenizer with this language's "
-                       "text (indextts-extend-bpe) and pass it as --tokenizer, or fix the text")
+        return Problem(entry.source, "text_unknown", f"{text.unknown} of {text.ids.size} tokens unknown "
+                       f"({text.normalised[:20]!r})", "fix the text, or extend the tokenizer (indextts-extend-bpe)")
     limit = limits.data.max_text_tokens
     if text.ids.size > limit:
         return Problem(entry.source, "text_too_long", f"its text is {text.ids.size} tokens, more than "
@@ -106,7 +104,6 @@ def clip_problem(entry: Entry, clip: Clip, limits: LineLimits) -> Problem | None
     peak = float(np.abs(wave).max())
     if peak < limits.silence_peak:
         level = 20 * math.log10(peak) if peak > 0 else -math.inf
-        return Problem(entry.source, "silence", f"{entry.audio.name} is silent (its loudest sample is at {level:.0f} "
-                       f"dB of full scale, below --silence-db {limits.silence_db:g})",
-                       "check the recording, or lower --silence-db")
+        return Problem(entry.source, "silence", f"{entry.audio.name} is silent (peak {level:.0f} dBFS, below "
+                       f"--silence-db {limits.silence_db:g})", "check the recording, or lower --silence-db")
     return None

@@ -24,7 +24,11 @@ from trainers.errors import EXIT_OUT_OF_MEMORY, EXIT_USAGE, UserError
 def main(argv: list[str] | None = None) -> int:
     from trainers.tools.prepare.settings import parse_settings
 
-    settings = parse_settings(argv)
+    try:
+        settings = parse_settings(argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
     from trainers.hardware.oom_recovery import OutOfMemoryStop
 
     try:

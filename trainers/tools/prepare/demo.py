@@ -8,7 +8,7 @@
 3. Trains the family's demo config (checkpoints/demo.yaml or demo25.yaml) on the result for --demo-steps steps
    in OUT/run, or with --demo-steps 0 prints the training command.
 Everything is made from fixed seeds: the same bytes on every run on one machine. OUT: --out, default
-runs/prepare_demo (IndexTTS2) or runs/prepare_demo25 (IndexTTS-2.5); a second --demo into it continues it.
+runs/prepare_demo (IndexTTS2) or runs/prepare_demo25 (IndexTTS-2.5).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import numpy as np
 from trainers.data.demo_corpus import WORDS, _sentence, _train_tokenizer, front_end
 from trainers.errors import EXIT_OK, UserError
 from trainers.run.portable import REPO_ROOT
+from trainers.tools.prepare.report import command_lines
 
 SPEAKERS = ((16000, 1, 110.0), (22050, 1, 165.0), (24000, 1, 220.0), (44100, 2, 130.0))  # rate, channels, pitch
 SENTENCES = 10  # per speaker
@@ -100,14 +101,13 @@ def run_demo(settings: Any) -> int:
             "--output-dir", str(out / "run"), "--effective-batch", "8", "--learning-rate", "3e-3",
             "--warmup-steps", "5", "--dropout", "0", "--epochs", "1000", "--max-steps", str(settings.demo_steps or 20),
             "--val-interval", "10", "--save-interval", "10", "--log-interval", "5"]
-    print("the stand-in features are shaped as the real ones and mean nothing; with the official models, pass "
-          "--model-dir instead of --demo", flush=True)
+    print("the stand-in features are shaped as the real ones and mean nothing; for real ones pass --model-dir",
+          flush=True)
+    command = "\n".join(command_lines("indextts-train", argv))
     if not settings.demo_steps:
-        print("train on it:\n  indextts-train " + " ".join(argv), flush=True)
+        print(f"train on it:\n{command}", flush=True)
         return status
-    if (out / "run" / "latest.pth").exists():
-        argv += ["--resume", "auto"]
-    print(f"training {settings.demo_steps} steps on it:\n  indextts-train " + " ".join(argv), flush=True)
+    print(f"training {settings.demo_steps} steps on it:\n{command}", flush=True)
     sys.stdout.flush()
     from trainers.main import main as train
 

@@ -103,7 +103,8 @@ def _first_line(path: Path) -> str:
         with open(path, encoding="utf-8-sig", errors="replace") as f:
             return f.readline()
     except OSError as exc:
-        raise UserError(f"--input {path}: {exc.strerror or exc}; pass the utterance list or a folder of audio") from None
+        raise UserError(f"--input {path}: {exc.strerror or exc}; pass the utterance list or a folder of audio") \
+            from None
 
 
 def _header_names(line: str) -> dict[str, int]:
@@ -179,8 +180,15 @@ def _id_of(relative: Path) -> str:
     return relative.with_suffix("").as_posix()
 
 
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(number, line) of a text file, split at newlines only, as an editor numbers them (splitlines() would also
+    split at U+2028, which a JSON string may hold unescaped)."""
+    for number, line in enumerate(_read_text(path).split("\n"), start=1):
+        yield number, line.removesuffix("\r")
+
+
 def _jsonl(path: Path, speaker: str, language: str | None) -> Iterator[Entry | Problem]:
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in _lines(path):
         if not line.strip():
             continue
         source = f"{path.name}:{number}"
@@ -222,7 +230,7 @@ def _csv(path: Path, speaker: str, language: str | None) -> Iterator[Entry | Pro
 
 
 def _ljspeech(path: Path, speaker: str, language: str | None) -> Iterator[Entry | Problem]:
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in _lines(path):
         if not line.strip():
             continue
         source = f"{path.name}:{number}"

@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,11 +107,10 @@ def _write(store: Store, listing: Listing, layout: Layout, settings: PrepareSett
     alone = []
     for pairing, split in ((train_pairing, "training"), (val_pairing, "validation")):
         for speaker, (ids, other_languages) in sorted(pairing.alone.items()):
-            why = ("no other utterance in its language (pass --cross-lingual to prompt it with its others)"
-                   if other_languages else "no other utterance" + (" among the training ones" if split == "training"
-                                                                   else ""))
-            alone.append(f"speaker {speaker!r}: {len(ids)} {split} utterance(s) ({', '.join(ids[:3])}"
-                         f"{', ...' if len(ids) > 3 else ''}) in no pair: {why}; they stay in the utterance manifests")
+            why = ("none other in its language (--cross-lingual)" if other_languages else
+                   "none other among the training ones" if split == "training" else "none other")
+            alone.append(f"speaker {speaker!r}: {len(ids)} {split} utterance(s) in no pair, no prompt "
+                         f"({', '.join(ids[:3])}{', ...' if len(ids) > 3 else ''}): {why}")
     resampled = [r for r in kept if r["source_rate"] != r["rate"]]
     converted = {"resampled": len(resampled), "from_rates": sorted({r["source_rate"] for r in resampled}),
                  "to_rate": resampled[0]["rate"] if resampled else None,
@@ -132,8 +132,8 @@ def summary_lines(merged: Merged, out: Path) -> list[str]:
     """The closing summary: hours kept, skipped by reason, conversions, pairs, the files written."""
     lines = [f"kept {merged.kept} utterances ({merged.hours:.2f} hours of audio) of {merged.speakers} speaker(s)"]
     if merged.problems:
-        lines.append(f"skipped {len(merged.problems)} lines: {skipped_text(skipped_counts(merged.problems))} "
-                     f"(each in {SKIPPED_NAME})")
+        lines += textwrap.wrap(f"skipped {len(merged.problems)} lines (each in {SKIPPED_NAME}): "
+                               f"{skipped_text(skipped_counts(merged.problems))}", 118, subsequent_indent="  ")
     c = merged.converted
     if c.get("resampled") or c.get("mixed_to_mono"):
         to = f"to {c['to_rate']} Hz " if c["to_rate"] else ""

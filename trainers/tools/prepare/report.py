@@ -56,6 +56,17 @@ class Progress:
         self.bar.close()
 
 
+def command_lines(program: str, args: list[str]) -> list[str]:
+    """A command as shell lines: each flag with its value on a line, continued by backslashes."""
+    parts: list[str] = [program]
+    for arg in args:
+        if arg.startswith("--") or len(parts) == 1:
+            parts.append(arg)
+        else:
+            parts[-1] += f" {arg}"
+    return [("  " if i == 0 else "    ") + part + (" \\" if i < len(parts) - 1 else "") for i, part in enumerate(parts)]
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -22,8 +22,8 @@ from trainers.tools.prepare.batching import Encoder
 from trainers.tools.prepare.checks import LineLimits
 from trainers.tools.prepare.inputs import Listing, read_input
 from trainers.tools.prepare.layouts import LAYOUTS
-from trainers.tools.prepare.merge import Merged, merge, missing, summary_lines
-from trainers.tools.prepare.report import say, warn
+from trainers.tools.prepare.merge import MANIFESTS, SKIPPED_NAME, SUMMARY_NAME, Merged, merge, missing, summary_lines
+from trainers.tools.prepare.report import command_lines, say, warn
 from trainers.tools.prepare.settings import PrepareSettings, Shard
 from trainers.tools.prepare.store import FORMAT_VERSION, Store, owner
 from trainers.tools.prepare.work import ShardWork
@@ -123,28 +123,29 @@ def _short(value: Any) -> str:
 
 def check_plan(store: Store, plan: dict[str, Any], update: bool) -> None:
     """The output's plan is this one, or the preparation is refused (UserError); --update takes a changed input."""
-    saved = store.create(plan)
+    saved = store.create(plan, (*MANIFESTS, SKIPPED_NAME, SUMMARY_NAME))
     if saved == plan:
         return
     other = {k: v for k, v in saved.items() if k != "input"}
     if other != {k: v for k, v in plan.items() if k != "input"}:
-        lines = "; ".join(_differences(other, {k: v for k, v in plan.items() if k != "input"}))
-        raise UserError(f"--out {store.out} holds features made otherwise ({lines}): the trainer would get features "
-                        "of two models or settings mixed; prepare into a new --out, or delete that folder to start over")
+        lines = "".join(f"\n  {d}" for d in _differences(other, {k: v for k, v in plan.items() if k != "input"}))
+        raise UserError(f"--out {store.out} holds features made otherwise, which would be mixed with these; prepare "
+                        f"into a new --out, or delete that folder to start over:{lines}")
     if not update:
-        raise UserError(f"--input changed since {store.out} was started (its lines' sha256 was {saved['input'][:12]}..., "
-                        f"now {plan['input'][:12]}...): pass --update to keep the features of unchanged lines and make "
-                        "those of new or changed ones, or prepare into a new --out")
+        raise UserError(f"--input changed since {store.out} was started (sha256 {saved['input'][:12]}..., now "
+                        f"{plan['input'][:12]}...):\n  pass --update to keep the features of unchanged lines and make "
+                        "the rest, or prepare into a new --out")
     store.replace_plan(plan)
 
 
 def training_command(model: Model, tokenizer: Path | None, out: Path, merged: Merged) -> list[str]:
+    """The trainer's command for the result."""
     gpt = model.model_dir / str(model.data.get("gpt_checkpoint", "gpt.pth")) if model.model_dir else None
-    val = " --val-manifest " + str(out / "val_pairs.jsonl") if "val_pairs.jsonl" in merged.written else ""
-    return ["train on it:",
-            f"  indextts-train --config {model.config} --tokenizer {tokenizer or 'TOKENIZER'} "
-            f"--base-checkpoint {gpt or 'GPT.pth'} --train-manifest {out / 'train_pairs.jsonl'}{val} "
-            "--output-dir runs/my_voice"]
+    args = ["--config", str(model.config), "--tokenizer", str(tokenizer or "TOKENIZER"), "--base-checkpoint",
+            str(gpt or "GPT.pth"), "--train-manifest", str(out / "train_pairs.jsonl")]
+    if "val_pairs.jsonl" in merged.written:
+        args += ["--val-manifest", str(out / "val_pairs.jsonl")]
+    return ["train on it:", *command_lines("indextts-train", [*args, "--output-dir", "runs/my_voice"])]
 
 
 def prepare(settings: PrepareSettings, show_command: bool = True) -> int:
@@ -178,7 +179,8 @@ def _listing(settings: PrepareSettings) -> Listing:
     return read_input(settings.input, settings.input_format, settings.speaker, settings.language)
 
 
-def _work(settings: PrepareSettings, store: Store, shard: Shard, model: Model, backend: FeatureBackend, listing: Listing,
+def _work(settings: PrepareSettings, store: Store, shard: Shard, model: Model, backend: FeatureBackend,
+          listing: Listing,
           device: torch.device) -> None:
 
     ids = [e.id for e in listing.entries]
@@ -209,8 +211,8 @@ def _finish(settings: PrepareSettings, store: Store, shard: Shard, model: Model,
     merged = merge(store, listing, LAYOUTS[model.family.name], settings)
     if merged is None:
         absent, _ = missing(store, listing)
-        print(f"shard {shard} is done; {len(absent)} utterances of other shards are not yet: the last shard to "
-              "finish writes the manifests (or run with --merge once every shard has finished)", flush=True)
+        print(f"shard {shard} is done; {len(absent)} utterances of other shards are not yet:\n"
+              "  the last shard to finish writes the manifests (or --merge, once every shard has finished)", flush=True)
         return EXIT_OK
     command = training_command(model, tokenizer, settings.out, merged) if tokenizer is not False else []
     for line in summary_lines(merged, settings.out) + command:

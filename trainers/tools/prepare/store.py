@@ -15,9 +15,9 @@ whose files are all there at their recorded sizes, and makes the rest: each utte
 once, and a kill costs at most the batch it interrupted. Temporaries left by killed runs are removed by the merge.
 
 Fault points for the tests (INDEXTTS_PREPARE_KILL_AT, the trainer's syntax: trainers/faults.py), each counted
-from 1 in the process: plan (plan.json written), feature_tmp:K (the K-th feature file about to be renamed: its
-temporary, and those of its batch, fsynced), feature:K (renamed), record:K (the K-th batch's records fsynced), manifest_tmp:K / manifest:K (the
-K-th file the merge writes, before / after its rename), merged (the merge finished).
+from 1 in the process: plan (plan.json written); feature_tmp:K (the K-th feature file about to be renamed: its
+temporary, and those of its batch, fsynced); feature:K (renamed); record:K (the K-th batch's records fsynced);
+manifest_tmp:K / manifest:K (the K-th file the merge writes, before / after its rename); merged (the merge done).
 """
 from __future__ import annotations
 
@@ -119,8 +119,16 @@ class Store:
             raise UserError(f"{self.state / PLAN_NAME} cannot be read ({exc}); it records what the features in "
                             f"{self.out} were made from: restore it, or prepare into a new --out") from None
 
-    def create(self, plan: dict[str, Any]) -> dict[str, Any]:
-        """Write the plan unless one is there (another shard may be writing it now): the plan that holds."""
+    def create(self, plan: dict[str, Any], written: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Write the plan unless one is there (another shard may be writing it now): the plan that holds. A folder
+        without a plan that already holds a file the preparation writes (`written`, or features) is refused: that
+        file is someone else's and would be replaced."""
+        if not (self.state / PLAN_NAME).exists():
+            found = [name for name in (*written, FEATURES_DIR) if (self.out / name).exists()
+                     and not (name == FEATURES_DIR and not any((self.out / name).iterdir()))]
+            if found:
+                raise UserError(f"--out {self.out} already holds {', '.join(found)}, not written by indextts-prepare "
+                                f"(it has no {STATE_DIR}/{PLAN_NAME}); pass another --out, or move them away")
         try:
             self.features.mkdir(parents=True, exist_ok=True)
             self.state.mkdir(exist_ok=True)

@@ -182,12 +182,13 @@ class ShardWork:
             clip = self.backend.audio(e.audio, e.id)
         except AudioProblem as exc:
             return Problem(e.source, exc.reason, f"{e.audio} {exc.what}", exc.todo), None
+        samples = clip.waveform.shape[0]
         problem = clip_problem(e, clip, self.limits) or length_problem(
-            e, clip.waveform.shape[0], clip.rate, int(job.text.ids.size), self.backend.code_length(clip.waveform.shape[0]),
-            self.limits)
+            e, samples, clip.rate, int(job.text.ids.size), self.backend.code_length(samples), self.limits)
         return problem, clip
 
-    def _encoded(self, ready: list[tuple[Job, Clip]], records: list[dict[str, Any]]) -> list[tuple[tuple[Job, Clip], Any]]:
+    def _encoded(self, ready: list[tuple[Job, Clip]], records: list[dict[str, Any]]
+                 ) -> list[tuple[tuple[Job, Clip], Any]]:
         """Each (job, clip) with its Features, or None where the backend failed on that clip alone (recorded)."""
         clips = [clip for _, clip in ready]
         try:
