@@ -151,7 +151,8 @@ def final_state(out: Path) -> schema.Checkpoint:
 def assert_same_training(a: Path, b: Path, steps: int, from_step: int = 0) -> None:
     """Bit-identical training, for runs that must not differ at all (a resume against an uninterrupted run):
     both final checkpoints verified and at `steps`, at the same place in the data; every model tensor and every
-    optimizer value (AdamW moments, step counts, param groups) torch.equal; the same samples at every step; the
+    optimizer value (AdamW moments, step counts, param groups) torch.equal; the same saved states of the global
+    random generators (torch, CUDA, numpy, Python); the same samples at every step; the
     same logged train and validation metrics, in the saved history and in TensorBoard as a reader sees it.
     `from_step`: branches of a checkpoint of that step, which log the samples of their own steps only."""
     sa, sb = final_state(a), final_state(b)
@@ -161,6 +162,7 @@ def assert_same_training(a: Path, b: Path, steps: int, from_step: int = 0) -> No
     assert where[0] == where[1], f"(epoch, step in epoch, samples in epoch, samples seen) differ: {where}"
     assert_equal_nested(sa.model, sb.model, "model")
     assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
+    assert_equal_nested(sa.sections["rng"], sb.sections["rng"], "rng")  # the global generators: the run's, restored
     ids = (a / "sample_ids.tsv").read_text()
     assert ids == (b / "sample_ids.tsv").read_text(), "sample_ids.tsv differs"
     assert len(ids.splitlines()) == steps - from_step, f"sample_ids.tsv has {len(ids.splitlines())} steps"

@@ -196,11 +196,14 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     background = cfg.settings.background_saves
     background = hardware.machine.is_cuda if background is None else background
     # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
+    rng = ProcessRNG()
     checkpoints = Checkpointer(run_dir, cfg.settings.keep_checkpoints, {
-        "model": weights, "optim": optim, "data": data, "progress": progress, "rng": ProcessRNG(), "run": cfg,
+        "model": weights, "optim": optim, "data": data, "progress": progress, "rng": rng, "run": cfg,
         "hardware": hardware}, background=background and world.is_main, room=room)
     if ckpt:
         restore(checkpoints, ckpt, resume.path, cmd.force_resume)
+    else:  # the global generators' states are the run's, as a resume's restored ones are (trainers/training/rng.py)
+        rng.seed(cfg.settings.seed)
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
