@@ -259,12 +259,15 @@ def test_the_guard_stops_the_run_keeping_the_best_within_the_limit(stopped):
 
 
 def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop(stopped, corpus, base_model, tmp_path):
+    """The resume gets a SIGTERM as that validation begins: it stops there all the same, saved, with status 143 as a
+    signal in any other phase (it was 0)."""
     reference, _ = stopped
     out = tmp_path / "run"
     killed = train(out, *fine_tune_flags(corpus, base_model), "--forgetting-stop", kill_at="validation:6")
     assert killed.returncode != 0 and final_state(out).step == 3
-    resumed = train(out, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = train(out, "--resume", "auto", kill_at="SIGTERM@validation:6")
+    assert resumed.returncode == 143, resumed.stderr
+    assert "forgetting stop at step 6" in resumed.stderr
     assert_same_training(reference, out, 6)
     assert schema.read(out / "best.pth").step == 3
 

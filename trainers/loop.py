@@ -66,9 +66,9 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                 evaluate(run, tlog, faults)
                 if progress.patience_spent(settings.early_stop_patience):
                     bar.close()
-                    return stop_early(run, tlog)
+                    return stop_early(run, tlog, stop)
                 if run.forgetting.stops(run.guard):
-                    return stop_forgetting(run, tlog)
+                    return stop_forgetting(run, tlog, stop)
                 run.model.train()
             stopping = run.world.agree_to_stop(stop)
             if (progress.step % settings.save_interval == 0 and not last) or stopping:
@@ -86,8 +86,14 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
     return None
 
 
-def stop_early(run: Run, tlog: TrainLog) -> int:
-    """Early stopping after a validation: the final checkpoint (best.pth was written at the best), status 0."""
+def ended(run: Run, stop: StopRequest) -> int:
+    """The status of a run that ended where it should (its end, early stopping, the forgetting guard), its state
+    saved: 128 + N when a stop signal came during its last validation or save, as in every other phase, else 0."""
+    return stop.exit_status if run.world.agree_to_stop(stop) else EXIT_OK
+
+
+def stop_early(run: Run, tlog: TrainLog, stop: StopRequest) -> int:
+    """Early stopping after a validation: the final checkpoint (best.pth was written at the best), then `ended`."""
     progress, settings = run.progress, run.settings
     tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
     tlog.write_steps()
@@ -98,11 +104,11 @@ def stop_early(run: Run, tlog: TrainLog) -> int:
              "(--early-stop-patience %d); best.pth holds that step. To train on, resume with a larger "
              "--early-stop-patience", progress.step, progress.stale_validations, settings.best_metric,
              best.get("value"), best.get("step"), settings.early_stop_patience)
-    return EXIT_OK
+    return ended(run, stop)
 
 
-def stop_forgetting(run: Run, tlog: TrainLog) -> int:
-    """--forgetting-stop after a validation past --forgetting-limit: the final checkpoint, status 0."""
+def stop_forgetting(run: Run, tlog: TrainLog, stop: StopRequest) -> int:
+    """--forgetting-stop after a validation past --forgetting-limit: the final checkpoint, then `ended`."""
     progress, guard, forgetting = run.progress, run.guard, run.forgetting
     tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
     tlog.write_steps()
@@ -114,7 +120,7 @@ def stop_forgetting(run: Run, tlog: TrainLog) -> int:
              "validations within the limit; the last validation within it was step %s. To train on, resume with a "
              "larger --forgetting-limit or --no-forgetting-stop", progress.step, past, guard.limit, best.get("step"),
              run.settings.best_metric, forgetting.within_step)
-    return EXIT_OK
+    return ended(run, stop)
 
 
 def train_step(run: Run, plan: StepPlan, batches: Iterator[Batch],
