@@ -34,7 +34,8 @@ def test_the_run_stops_after_patience_validations_without_a_new_best(stopped):
     assert state.step == 9 and schema.read(stopped / "best.pth").step == 3
     assert state.sections["progress"]["stale_validations"] == 2
     log = (stopped.parent / "stderr.txt").read_text()
-    assert "early stop at step 9: 2 validations in a row without a better mel_loss" in log
+    assert "early stop at step 9: 2 validations without a better mel_loss (--early-stop-patience 2)" in log
+    assert "best.pth holds step 3, the best mel_loss: " in log
 
 
 @pytest.fixture(scope="module")

@@ -100,10 +100,11 @@ def stop_early(run: Run, tlog: TrainLog, stop: StopRequest) -> int:
     run.checkpoints.save(progress.step)
     run.checkpoints.wait()  # complete before the trainer says so, or exits
     best = progress.best or {}
-    log.info("early stop at step %d: %d validations in a row without a better %s than %s at step %s "
-             "(--early-stop-patience %d); best.pth holds that step. To train on, resume with a larger "
-             "--early-stop-patience", progress.step, progress.stale_validations, settings.best_metric,
-             best.get("value"), best.get("step"), settings.early_stop_patience)
+    log.info("early stop at step %d: %d validations without a better %s (--early-stop-patience %d)",
+             progress.step, progress.stale_validations, settings.best_metric, settings.early_stop_patience)
+    log.info("best.pth holds step %s, the best %s: %.4f", best.get("step"), settings.best_metric,
+             best.get("value", math.nan))
+    log.info("to train on, resume with a larger --early-stop-patience")
     return ended(run, stop)
 
 
@@ -115,11 +116,13 @@ def stop_forgetting(run: Run, tlog: TrainLog, stop: StopRequest) -> int:
     run.checkpoints.save(progress.step)
     run.checkpoints.wait()  # complete before the trainer says so, or exits
     best = progress.best or {}
-    past = "; ".join(b.describe(guard.limit) for b in forgetting.breaches(guard) or [])
-    log.info("forgetting stop at step %d: %s (--forgetting-limit %g). best.pth holds step %s, the best %s among the "
-             "validations within the limit; the last validation within it was step %s. To train on, resume with a "
-             "larger --forgetting-limit or --no-forgetting-stop", progress.step, past, guard.limit, best.get("step"),
-             run.settings.best_metric, forgetting.within_step)
+    log.info("forgetting stop at step %d: past %s", progress.step, guard.describe())
+    for breach in forgetting.breaches(guard) or []:
+        log.info("forgetting stop: %s", breach.describe())
+    log.info("best.pth holds step %s, the best %s among the validations within the limit", best.get("step"),
+             run.settings.best_metric)
+    log.info("the last validation within the limit was step %s", forgetting.within_step)
+    log.info("to train on, resume with a larger --forgetting-limit or with --no-forgetting-stop")
     return ended(run, stop)
 
 
@@ -179,8 +182,9 @@ def diverged(run: Run, result: StepResult, skipped: int) -> bool:
         log.info("step %d: fp16 gradients overflowed, update skipped; the loss scale is lowered to %g (normal in "
                  "the first steps of an fp16 run; %d in a row)", step, run.optim.loss_scale, skipped)
     else:
-        log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this repeats, lower "
-                    "--learning-rate or check the data", step, result.grad_norm, skipped)
+        log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row);", step, result.grad_norm,
+                    skipped)
+        log.warning("if this repeats, lower --learning-rate or check the data")
     if skipped < (MAX_SKIPPED_FP16 if fp16 else MAX_BAD_STEPS):
         return False
     log.error("training diverged: %d steps in a row with non-finite gradients%s; the last checkpoint (%s) is intact",
@@ -209,8 +213,8 @@ def show_on_bar(bar: tqdm, means: dict[str, float] | None) -> None:
 
 def save_unless_skipping(run: Run, tlog: TrainLog, skipped: int) -> None:
     if skipped:  # the newest checkpoint stays the last one from before the streak
-        log.warning("step %d: not saving during a streak of skipped steps; the newest checkpoint is %s",
-                    run.progress.step, run.checkpoints.newest_name())
+        log.warning("step %d: not saving during a streak of skipped steps", run.progress.step)
+        log.warning("the newest checkpoint is %s", run.checkpoints.newest_name())
     else:
         tlog.write_steps()  # the saved step's scalars are in TensorBoard before it is resumable
         run.checkpoints.save(run.progress.step)
@@ -223,10 +227,13 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     step, effective = run.progress.step + 1, run.settings.effective_batch
     old = run.hardware.halve_micro_batch(run.world.rank_batch(effective), f"step {step}", error)  # every process
     new = run.hardware.split
-    log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
-                "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
-                "start there next time%s", step, old.micro_batch, error, new.micro_batch, new.accumulation,
-                effective, new.micro_batch, fragmentation_advice(os.environ))
+    log.warning("out of memory at step %d with micro-batch %d: redone with micro-batch %d x accumulation %d", step,
+                old.micro_batch, new.micro_batch, new.accumulation)
+    log.warning("cause: %s", error)
+    log.warning("same samples and effective batch %d; pass --batch-size %d to start there next time", effective,
+                new.micro_batch)
+    for line in fragmentation_advice(os.environ).splitlines():
+        log.warning("%s", line)
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 
@@ -252,8 +259,9 @@ def evaluate(run: Run, tlog: TrainLog, faults: Faults, final: bool = False) -> d
         release_memory(run.hardware.device)
         run.hardware.halve_val_batch(error)
         val_batch = run.hardware.val_batch
-        log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
-                    "start there", error, val_batch, val_batch)
+        log.warning("out of memory in validation: again with batch %d; pass --val-batch-size %d to start there",
+                    val_batch, val_batch)
+        log.warning("cause: %s", error)
         tlog.scalar("hardware/val_batch", val_batch, run.progress.step)
 
 

@@ -95,15 +95,14 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
                              "continue", run.progress.step)
     run.progress.follow_best_metric(run.settings.best_metric)
     if run.progress.patience_spent(run.settings.early_stop_patience):
-        return nothing_to_do(run, tlog, "the run stopped early at step %d after %d validations without a new best; "
-                             "pass a larger --early-stop-patience to continue", run.progress.step,
+        return nothing_to_do(run, tlog, "the run stopped early at step %d after %d validations without a new best\n"
+                             "to continue, pass a larger --early-stop-patience", run.progress.step,
                              run.progress.stale_validations)
     breaches = run.forgetting.breaches(run.guard) if run.settings.forgetting_stop else None
     if breaches:
-        return nothing_to_do(run, tlog, "the run stopped at step %d: its last validation (step %d) is past "
-                             "--forgetting-limit %g (%s); pass a larger --forgetting-limit or --no-forgetting-stop to "
-                             "continue", run.progress.step, run.forgetting.last["step"], run.settings.forgetting_limit,
-                             "; ".join(b.describe(run.settings.forgetting_limit) for b in breaches))
+        return nothing_to_do(run, tlog, "the run stopped at step %d, past %s\n%s\nto continue, pass a larger "
+                             "--forgetting-limit or --no-forgetting-stop", run.progress.step, run.guard.describe(),
+                             "\n".join(f"forgetting stop: {b.describe()}" for b in breaches))
     bar = tqdm(total=run.total_steps, initial=run.progress.step, unit="step",
                disable=None if run.world.is_main else True, dynamic_ncols=True)
     first_step = run.progress.step
@@ -153,8 +152,9 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
 
 def nothing_to_do(run: Run, tlog: TrainLog, why: str, *args: object) -> int:
     """A resume that has nothing to train still leaves the run directory as its settings say: a lowered
-    --keep-checkpoints applies now, not at a save that will not come."""
-    log.info("nothing to do: " + why, *args)
+    --keep-checkpoints applies now, not at a save that will not come. `why`: a log line each."""
+    for line in ("nothing to do: " + why % args).split("\n"):
+        log.info("%s", line)
     if run.world.is_main:
         run.checkpoints.apply_keep(run.progress.step)
     tlog.close()

@@ -64,8 +64,9 @@ class ValidationGeneration:
         interval = s.sample_interval
         if not interval or run.val_loader is None:
             if run.world.is_main and not interval and s.sample_temperature:
-                log.warning("--sample-temperature %g has no effect: generation at validation is off; pass "
-                            "--sample-interval N to generate samples", s.sample_temperature)
+                log.warning("--sample-temperature %g has no effect: generation at validation is off;",
+                            s.sample_temperature)
+                log.warning("pass --sample-interval N to generate samples")
             elif run.world.is_main and interval:
                 log.warning("--sample-interval %d has no effect without a validation set: pass --val-manifest FILE "
                             "to generate samples", interval)
@@ -127,8 +128,10 @@ class ValidationGeneration:
                 error = oom_message(exc)
             release_memory(device)  # outside the except block, whose traceback holds the failed batch
             self.batch = halved(size, "generation at validation", error)
-            log.warning("out of memory while generating samples at step %d (%s): generating in batches of %d from "
-                        "here on (--val-batch-size sets where generation starts)", step, error, self.batch)
+            log.warning("out of memory while generating samples at step %d: batches of %d from here on", step,
+                        self.batch)
+            log.warning("cause: %s", error)
+            log.warning("(--val-batch-size sets where generation starts)")
         table = run.world.combine_parts(table, "generation at validation")
         return [row[2: 2 + int(row[0])].clone() for row in table], [bool(row[1]) for row in table]
 
@@ -167,9 +170,10 @@ class ValidationGeneration:
         try:
             path = self.store.write(sample_set, protect=[best_step] if best_step is not None else [])
         except OSError as exc:  # a listening aid is not worth a checkpoint: the run saves and trains on
-            log.warning("could not write the sample set of step %d, %s: %s. Training goes on and its checkpoints are "
-                        "saved; free disk space or move away what is in the set's place to have the next sets written",
-                        step, self.store.path_of(step), exc)
+            log.warning("could not write the sample set of step %d, %s:", step, self.store.path_of(step))
+            log.warning("  %s", exc)
+            log.warning("training goes on and its checkpoints are saved; free disk space or move away what is")
+            log.warning("in the set's place to have the next sets written")
             return
         log.info("generation step %d: %d samples written to %s", step, len(codes), path)
 

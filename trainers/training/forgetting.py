@@ -79,7 +79,7 @@ class Guard:
         return cls(settings.forgetting_limit, settings.forgetting_metric, languages, settings.forgetting_stop)
 
     def describe(self) -> str:
-        return f"--forgetting-limit {self.limit:g} on {self.metric} of {', '.join(self.languages)}"
+        return f"--forgetting-limit {self.limit:g} ({_percent(self.limit, sign=False)}) on {self.metric}"
 
 
 def language_problems(guard: Guard, validated: Sequence[str], validated_count: int) -> list[str]:
@@ -110,9 +110,10 @@ class Breach:
     now: float
     rise: float
 
-    def describe(self, limit: float) -> str:
-        return (f"language {self.language} {self.metric} {self.base:.4f} at base (step {self.base_step}), now "
-                f"{self.now:.4f}, {_percent(self.rise)} worse > {_percent(limit, sign=False)}")
+    def describe(self) -> str:
+        """Within a log line: at most about 60 characters."""
+        return (f"{self.language} {self.metric} {self.now:.4f}, {_percent(self.rise)} worse than {self.base:.4f} at step "
+                f"{self.base_step}")
 
 
 def _percent(fraction: float, sign: bool = True) -> str:
@@ -208,24 +209,24 @@ class Measured:
             return []
         out = []
         if self.first:
-            out.append(f"forgetting step {self.step}: base figures recorded for {', '.join(self.first)}; later "
-                       "validations are measured against them")
+            out.append(f"forgetting step {self.step}: base figures of {', '.join(self.first)} recorded; later validations "
+                       "compare with them")
         for lang, change in sorted(self.changes.items()):
             if change["base_step"] == self.step:
                 continue
-            parts = [f"{m} {change[m]:+.4f} ({_percent(change[m + '_rel'])})" for m in LOSS_METRICS if m in change]
+            # The relative changes only, so the line fits in 120 characters; the absolute ones are in TensorBoard
+            # (val/LANG/*_change) and the history.
+            parts = [f"{m} {_percent(change[m + '_rel'])}" for m in LOSS_METRICS if m in change]
             mark = " [base]" if lang in self.guard.languages else ""
-            out.append(f"forgetting step {self.step} language {lang}{mark} vs step {change['base_step']}: "
-                       + " ".join(parts))
+            out.append(f"forgetting step {self.step} {lang}{mark} vs step {change['base_step']}: " + " ".join(parts))
         return out
 
     def warnings(self) -> list[str]:
-        if self.breaches:
-            return [f"forgetting past {self.guard.describe()} at step {self.step}: {b.describe(self.guard.limit)}; "
-                    "best.pth is not taken from this validation. Raise the replay share of that language "
-                    "(--train-manifest F::LANG@SHARE), lower --learning-rate, or stop at best.pth"
-                    for b in self.breaches]
-        return []
+        if not self.breaches:
+            return []
+        return [*(f"forgetting at step {self.step}: {b.describe()}" for b in self.breaches),
+                f"step {self.step} is past {self.guard.describe()}: best.pth is not taken from it",
+                "replay more (--train-manifest F::LANG@SHARE), lower --learning-rate, or stop at best.pth"]
 
     def fields(self) -> dict[str, Any]:
         """What the validation's history entry gains."""

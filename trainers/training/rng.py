@@ -42,16 +42,17 @@ class ProcessRNG:
         torch.set_rng_state(state["torch"])
         cuda_states = state["cuda"]
         if cuda_states and not torch.cuda.is_available():
-            log.info("the checkpoint holds CUDA RNG states for %d device(s) and this machine has no CUDA: they are "
-                     "kept out (training draws no CUDA random numbers, so results are unaffected)", len(cuda_states))
+            log.info("the checkpoint holds CUDA RNG states for %d device(s) and this machine has no CUDA:",
+                     len(cuda_states))
+            log.info("they are kept out (training draws no CUDA random numbers, so results are unaffected)")
         if torch.cuda.is_available():
             count = torch.cuda.device_count()
             if cuda_states and len(cuda_states) == count:
                 torch.cuda.set_rng_state_all(cuda_states)
             elif cuda_states:
-                log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d; CUDA RNG states were "
-                            "not restored (training does not draw from them, so results are unaffected)",
+                log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d: not restored",
                             len(cuda_states), count)
+                log.warning("(training does not draw from them, so results are unaffected)")
         n = state["numpy"]
         np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                              n["cached_gaussian"]))

@@ -258,9 +258,9 @@ class TrainLog:
         """The gen/* metrics of this step's generated samples: TensorBoard, a log line, the validation's history entry."""
         for name, value in metrics.items():
             self.writer.add_scalar(name, value, step)
-        log.info("generation step %d stop_rate %.3f length_ratio_median %.3f length_error_median %.3f "
-                 "longest_run_median %.1f samples %d seconds %.2f", step, metrics["gen/stop_rate"],
-                 metrics["gen/length_ratio_median"], metrics["gen/length_error_median"],
+        log.info("generation step %d stop_rate %.3f length_ratio_median %.3f length_error_median %.3f", step,
+                 metrics["gen/stop_rate"], metrics["gen/length_ratio_median"], metrics["gen/length_error_median"])
+        log.info("generation step %d longest_run_median %.1f samples %d seconds %.2f", step,
                  metrics["gen/longest_run_median"], metrics["gen/samples"], seconds)
         self._validation_entry(step).update(metrics)
         self.writer.flush()
