@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ import yaml
 
 from trainers.checkpoint import schema
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
+from trainers.log_lines import LINE_LIMIT
 from trainers.model.demo_base import ensure_demo_base
 from trainers.model.gpt_model import GPTConfig
 
@@ -91,7 +93,9 @@ def train(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str]
 
     proc = TrainerProcess(["--output-dir", str(out), *args], subprocess_env(kill_at, env))
     proc.wait(timeout=300)
-    return proc.result()
+    result = proc.result()
+    assert_lines_fit(result.stderr)
+    return result
 
 
 def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str, str] | None = None,
@@ -109,6 +113,7 @@ def train_here(out: Path, *args: str, kill_at: str | None = None, env: dict[str,
     with environment({**dict.fromkeys(FAULT_VARS), "INDEXTTS_TRAIN_KILL_AT": kill_at, **(env or {})}), \
             contextlib.redirect_stderr(err):
         status = main(argv)
+    assert_lines_fit(err.getvalue())
     return subprocess.CompletedProcess(argv, status, "", err.getvalue())
 
 
@@ -143,13 +148,33 @@ def family_run(family_assets: list[str], request, fixture: str, tmp_path_factory
     return out
 
 
-def assert_lines_fit(text: str, *places: Path) -> None:
-    """Every line of a trainer's log at most 120 characters, a path under one of `places` counted as RUN (the
-    user's paths are what they are). tqdm's bar is not drawn without a terminal, so no line is the terminal's width."""
-    for place in places:
-        text = text.replace(str(place), "RUN")
+_RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (\w+) ")  # a log record's first line: its time and level
+_FOLDERS = re.compile(r"(?<![\w.~/-])(?:/[^\s/'\"(),;]+)+/")  # the folders of an absolute path
+
+
+def long_lines(text: str) -> list[str]:
+    """The lines of a trainer's INFO and WARNING records (the first line and any continued ones) over LINE_LIMIT
+    characters once the folders of every absolute path are taken out (the user's paths are what they are; the
+    file or directory named keeps its name). ERROR records are not held to it: one lists every problem at once.
+    tqdm's bar is not drawn without a terminal, so no line is the terminal's width."""
+    long, level = [], None
     for line in text.splitlines():
-        assert len(line) <= 120, line
+        record = _RECORD.match(line)
+        if record:
+            level = record.group(1)
+        elif line.startswith(("Traceback", "Exception in thread")):
+            level = None  # not a record's text
+        short = _FOLDERS.sub("", line)
+        if level in ("INFO", "WARNING") and len(short) > LINE_LIMIT:
+            long.append(short)
+    return long
+
+
+def assert_lines_fit(text: str) -> None:
+    """Every INFO and WARNING line of a trainer's log fits (`long_lines`): checked on every run of train and
+    train_here; docs/cloud.md promises it."""
+    long = long_lines(text)
+    assert not long, f"{len(long)} log line(s) over {LINE_LIMIT} characters:\n" + "\n".join(long)
 
 
 def final_state(out: Path) -> schema.Checkpoint:
@@ -159,7 +184,8 @@ def final_state(out: Path) -> schema.Checkpoint:
 def assert_same_training(a: Path, b: Path, steps: int, from_step: int = 0) -> None:
     """Bit-identical training, for runs that must not differ at all (a resume against an uninterrupted run):
     both final checkpoints verified and at `steps`, at the same place in the data; every model tensor and every
-    optimizer value (AdamW moments, step counts, param groups) torch.equal; the same samples at every step; the
+    optimizer value (AdamW moments, step counts, param groups) torch.equal; the same saved states of the global
+    random generators (torch, CUDA, numpy, Python); the same samples at every step; the
     same logged train and validation metrics, in the saved history and in TensorBoard as a reader sees it.
     `from_step`: branches of a checkpoint of that step, which log the samples of their own steps only."""
     sa, sb = final_state(a), final_state(b)
@@ -169,6 +195,7 @@ def assert_same_training(a: Path, b: Path, steps: int, from_step: int = 0) -> No
     assert where[0] == where[1], f"(epoch, step in epoch, samples in epoch, samples seen) differ: {where}"
     assert_equal_nested(sa.model, sb.model, "model")
     assert_equal_nested(sa.optimizer, sb.optimizer, "optimizer")
+    assert_equal_nested(sa.sections["rng"], sb.sections["rng"], "rng")  # the global generators: the run's, restored
     ids = (a / "sample_ids.tsv").read_text()
     assert ids == (b / "sample_ids.tsv").read_text(), "sample_ids.tsv differs"
     assert len(ids.splitlines()) == steps - from_step, f"sample_ids.tsv has {len(ids.splitlines())} steps"

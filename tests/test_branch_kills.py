@@ -51,7 +51,8 @@ def test_a_branch_killed_before_its_first_save_is_continued_by_resume_auto_alone
     run_id = _killed_branch(origin, out, kill_at)
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert "has no checkpoint yet; continuing its branch (branched from run" in resumed.stderr
+    assert "has no checkpoint yet; continuing its branch from" in resumed.stderr
+    assert "INFO (branched from run" in resumed.stderr
     assert "max_steps 6 -> 10" in resumed.stderr  # the branch's plan, not the checkpoint's
     assert "starting from step 0" not in resumed.stderr
     assert_same_training(reference, out, 10, from_step=6)
@@ -63,7 +64,8 @@ def test_the_branch_command_typed_again_continues_the_branch(origin, reference, 
     run_id = _killed_branch(origin, out, "micro:8:0")
     again = train_here(out, "--resume", str(origin / "model_step6.pth"), *BRANCH)
     assert again.returncode == 0, again.stderr
-    assert f"continuing the branch {run_id} of run {final_state(origin).run_id} at step 6" in again.stderr
+    assert f"continuing the branch {run_id} in {out}" in again.stderr
+    assert f"(a branch of run {final_state(origin).run_id} at step 6" in again.stderr
     assert_same_training(reference, out, 10, from_step=6)
     assert final_state(out).run_id == run_id
     other = train_here(tmp_path / "other", "--resume", str(origin / "model_step3.pth"), "--max-steps", "4")
@@ -93,5 +95,5 @@ def test_a_branched_from_checkpoint_that_is_gone_or_changed_is_refused_by_name(o
     os.rename(tmp_path / "aside6.pth", moving / "model_step6.pth")  # the same checkpoint, under its step name
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert f"continuing its branch (branched from run {final_state(origin).run_id} at step 6" in resumed.stderr
+    assert f"INFO (branched from run {final_state(origin).run_id} at step 6" in resumed.stderr
     assert_same_training(reference, out, 10, from_step=6)

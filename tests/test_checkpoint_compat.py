@@ -44,8 +44,8 @@ def test_a_checkpoint_without_the_open_log_interval_resumes_with_an_empty_one(ca
         progress.load_state_dict(old.section("progress"))
     assert progress.interval.steps == 0 and progress.interval.metrics.sums is None
     assert [r.getMessage() for r in caplog.records] == [
-        "the checkpoint of step 4 holds no open log interval (written by an earlier version): the first train "
-        "metrics logged after this resume average only the steps from 5 on"]
+        "the checkpoint of step 4 holds no open log interval (written by an earlier version):",
+        "the first train metrics logged after this resume average only the steps from 5 on"]
     content = old.to_file()
     content["progress"]["interval"] = {"sums": "0,0", "steps": 1, "seconds": 0.0, "lr": 0.0, "grad_norm": 0}
     with pytest.raises(schema.SchemaError, match="progress.interval.sums has type str"):

@@ -330,7 +330,8 @@ def test_resume_auto_falls_back_past_a_corrupt_newest_and_ends_bit_identical(ref
     resumed = train_here(run, "--resume", "auto", "--max-steps", str(STEPS))
     assert resumed.returncode == 0, resumed.stderr
     warnings = [line for line in resumed.stderr.splitlines() if " WARNING " in line]
-    assert any("latest.pth (= model_step12.pth)" in w and f"tensor model/{key} differs" in w for w in warnings)
+    said = " ".join(w.split(" WARNING ", 1)[1].strip() for w in warnings)  # the reason is wrapped into lines
+    assert "latest.pth (= model_step12.pth)" in said and f"tensor model/{key} differs" in said
     assert any("renamed the damaged model_step12.pth to model_step12.pth.corrupt" in w for w in warnings)
     assert "resuming from" in resumed.stderr and "(step 8," in resumed.stderr and "checksums verified" in resumed.stderr
     assert (run / "model_step12.pth.corrupt").exists()

@@ -18,7 +18,8 @@ def test_the_trainer_sets_expandable_segments_unless_the_user_configured_the_all
     for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         mine = {name: "max_split_size_mb:64"}
         assert not use_expandable_segments(mine) and mine == {name: "max_split_size_mb:64"}  # kept as it is
-        assert f"add expandable_segments:True to your {name}=max_split_size_mb:64" in fragmentation_advice(mine)
+        assert f"add expandable_segments:True (comma-separated) to your\n{name}=max_split_size_mb:64" in \
+            fragmentation_advice(mine)
     assert fragmentation_advice({"PYTORCH_ALLOC_CONF": "max_split_size_mb:64,expandable_segments:True"}) == ""
 
 
@@ -30,6 +31,7 @@ def test_halving_the_micro_batch_suggests_expandable_segments_when_they_are_off(
     result = train_here(tmp_path / "run", *flags, env={"INDEXTTS_TRAIN_OOM_AT": "2:0",
                                                       "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
     assert result.returncode == 0, result.stderr
-    assert "redoing the step with micro-batch 4 x accumulation 2" in result.stderr
-    assert "GPU memory can be free but fragmented (sizes change from step to step): add expandable_segments:True " \
-           "to your PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64 (comma-separated)" in result.stderr
+    assert "redone with micro-batch 4 x accumulation 2" in result.stderr
+    assert "free GPU memory can be fragmented (sizes change from step to step):" in result.stderr
+    assert "to reuse it, add expandable_segments:True (comma-separated) to your" in result.stderr
+    assert "WARNING PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64\n" in result.stderr

@@ -91,8 +91,8 @@ def test_validation_samples_that_are_training_samples_are_counted_with_an_exampl
     write_lines(val, rows)
     result = train_here(tmp_path / "run", *flags, "--max-steps", "1", "--effective-batch", "4")
     assert result.returncode == 0, result.stderr
-    assert ("validation is not held out: 2 of 8 validation samples are training samples too (same id or codes "
-            "file)") in result.stderr
+    assert "validation is not held out: 2 of 8 validation samples are training samples too" in result.stderr
+    assert "(the same id or codes file): their losses measure memorising" in result.stderr
     assert f"e.g. {val}:3 is {train}:7 (id {same_id['id']!r})" in result.stderr
 
 
@@ -151,9 +151,8 @@ def test_an_effective_batch_larger_than_the_data_is_the_data_size_and_trains_the
     torch.manual_seed(0)  # without --base-checkpoint the model starts from torch's global generator
     first = train_here(tmp_path / "big", *common, "--effective-batch", "100", "--max-steps", "2")
     assert first.returncode == 0, first.stderr
-    assert "--effective-batch 100 is more than the 24 training samples (the training manifests): every step holds " \
-           "all 24, one step per epoch" in first.stderr
-    assert "training with effective batch 24: every step trains the same samples" in first.stderr
+    assert "--effective-batch 100 is more than the 24 training samples (the training manifests)" in first.stderr
+    assert "training with effective batch 24: every step holds all 24, one step per epoch" in first.stderr
     assert "batch: effective batch 24 = micro-batch 16 x accumulation 2" in first.stderr, first.stderr
     assert "effective batch 100" not in first.stderr and "16 x 7" not in first.stderr
     resumed = train_here(tmp_path / "big", *common, "--effective-batch", "100", "--max-steps", "4", "--resume", "auto")
@@ -187,14 +186,16 @@ def test_a_resume_after_the_manifest_changed_says_what_changed_and_what_allowing
     assert {k: v for k, v in snapshot(run).items() if k != ".trainer.lock"} == before
     for text in ("data (the training manifests' sha256): saved ",
                  "the training manifests changed since the checkpoint: 24 samples then, 24 now",
-                 f"1 line removed, e.g. {manifest}:5 (id {dropped['id']!r}) (line numbers as they were)",
-                 f"1 line added, e.g. {manifest}:24 (id 'an_added_line')",
-                 f"1 line changed (same id, other lengths or codes file), e.g. {manifest}:2 (id {rows[1]['id']!r})",
-                 "continuing (--allow-config-change) trains from step 4 on today's samples: the rest of epoch 1",
-                 "so the run no longer equals an uninterrupted run on either manifest"):
+                 f"1 line removed (line numbers as they were), e.g.\n      {manifest}:5 (id {dropped['id']!r})",
+                 f"1 line added, e.g.\n      {manifest}:24 (id 'an_added_line')",
+                 f"1 line changed (same id, other lengths or codes file), e.g.\n      {manifest}:2 (id {rows[1]['id']!r})",
+                 "continuing (--allow-config-change) trains from step 4 on today's samples:",
+                 "the rest of epoch 1 is drawn anew over them",
+                 "every later epoch differs: the run equals no uninterrupted run on either manifest"):
         assert text in err, text
     saved, now = err.split("sha256): saved ")[1].split(" (changes the result)")[0].split(", now ")
     assert len(saved) == len(now) == 15 and saved.endswith("...") and saved != now  # 12 digits each, not 64
     allowed = train_here(run, *args, "--max-steps", "6", "--resume", "auto", "--allow-config-change")
     assert allowed.returncode == 0, allowed.stderr
-    assert "WARNING 1 line removed, e.g." in allowed.stderr and "WARNING so the run no longer equals" in allowed.stderr
+    assert "WARNING 1 line removed (line numbers as they were), e.g." in allowed.stderr
+    assert f"WARNING {manifest}:5 (id " in allowed.stderr and "WARNING and every later epoch differs" in allowed.stderr

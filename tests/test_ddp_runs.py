@@ -210,9 +210,9 @@ def test_two_then_one_then_two_processes_with_an_out_of_memory_error_on_one(sing
     assert "fragmented" not in two.stderr and "expandable_segments" not in two.stderr
     assert "world 2 x (micro-batch 4 x accumulation 2) = effective batch 16" in two.stderr
     assert "the checkpoint was written by 1 process(es), this run has 2" in two.stderr
-    assert "out of memory at step 10 with micro-batch 4 (out of memory in 1 of 2 processes): redoing the step " \
-           "with micro-batch 2 x accumulation 4" in two.stderr
-    assert "[rank 1] out of memory at step 10 with micro-batch 4 (CUDA out of memory (injected" in two.stderr
+    assert "out of memory at step 10 with micro-batch 4: redone with micro-batch 2 x accumulation 4" in two.stderr
+    assert "WARNING cause: out of memory in 1 of 2 processes" in two.stderr
+    assert "[rank 1] cause: CUDA out of memory (injected" in two.stderr
     assert (out / "sample_ids.tsv").read_text() == (single / "sample_ids.tsv").read_text()
     assert_close_weights(single, out)
 

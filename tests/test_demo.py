@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from tests.demo_runs import REPO, final_state, subprocess_env, train_here
+from tests.demo_runs import REPO, assert_lines_fit, final_state, subprocess_env, train_here
 from tests.slowness import scaled
 from trainers.families import FAMILIES
 
@@ -37,6 +37,7 @@ def started_demo(tmp_path_factory: pytest.TempPathFactory, family: str) -> Itera
             proc.kill()
             raise
         assert returncode == 0, log.read_text(encoding="utf-8")
+        assert_lines_fit(log.read_text(encoding="utf-8"))  # as every run of train and train_here
         return out
 
     yield finished
@@ -112,7 +113,7 @@ def test_demo_learns_and_writes_a_complete_checkpoint(family_demo: tuple[str, Ca
     ckpt = final_state(out)
     assert ckpt.model_family == name
     val = [m for m in ckpt.history if m["kind"] == "val"]
-    assert val[0]["step"] == 0 and val[-1]["step"] == ckpt.step == 240  # before the first step and at the end
+    assert [v["step"] for v in val] == [0, 80, 160, 240] and ckpt.step == 240  # as README.md says
     assert val[-1]["mel_loss"] <= 0.5 * val[0]["mel_loss"], (val[0], val[-1])
 
     # The file inference loads: {"model": state dict} with the carried tensors, without the dropped ones.

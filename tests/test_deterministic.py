@@ -83,8 +83,8 @@ def test_an_op_without_a_deterministic_kernel_stops_the_run_keeping_the_steps_be
     assert (f"--deterministic: put_ has no deterministic implementation on this device (torch {torch.__version__}), "
             "met in the forward/backward pass of step 3; it was not run") in stopped.stderr
     assert "pass --no-deterministic to train on" in stopped.stderr and "Traceback" not in stopped.stderr
-    assert "deterministic: on (an op without a deterministic kernel stops the run with exit 2 before it runs); " \
-        "attention: cpu (torch's CPU kernels, deterministic)" in stopped.stderr
+    assert "deterministic: on (an op with no deterministic kernel stops the run with exit 2 before it runs)" \
+        in stopped.stderr and "attention: cpu (torch's CPU kernels, deterministic)" in stopped.stderr
     assert final_state(run).step == 2
     # The documented way on: the same run without --deterministic (saved with the run, so it must be switched off).
     monkeypatch.undo()
@@ -128,7 +128,7 @@ def test_the_deterministic_loss_runs_no_nll_loss_and_changes_no_weight(demo_asse
         done = train_here(tmp_path / "run", *flags, "--deterministic")
     assert done.returncode == 0, done.stderr[-3000:]
     assert not [w for w in seen if NO_KERNEL in str(w.message)]
-    assert "deterministic: on (an op without a deterministic kernel stops the run" in done.stderr
+    assert "deterministic: on (an op with no deterministic kernel stops the run" in done.stderr
     assert "attention: cpu" in done.stderr
     a, b = final_state(tmp_path / "plain"), final_state(tmp_path / "run")
     for key in a.model:

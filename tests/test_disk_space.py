@@ -6,6 +6,7 @@ trainer runs in a process of its own (tests/trainer_process.py), as a user's wou
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,12 +27,12 @@ from trainers.checkpoint.step_files import CheckpointManager
 FLAGS = ["--effective-batch", "4", "--batch-size", "2", "--log-interval", "100", "--warmup-steps", "2"]
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs: a full disk as a user meets one."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True,
+@contextlib.contextmanager
+def tmpfs(disk: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted on the directory `disk` (made if missing); the test is skipped where mounting is
+    not permitted."""
+    disk.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True,
                              text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
@@ -40,6 +41,13 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: a full disk as a user meets one."""
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        yield disk
 
 
 def fill(disk: Path, leave: int) -> None:
@@ -117,6 +125,21 @@ def test_the_demo_on_a_full_disk_is_refused_without_a_traceback(small_disk):
         "disk space or pass an --output-dir on another disk (nothing was trained)" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert list(small_disk.iterdir()) == []
+
+
+def test_a_full_disk_under_the_tensorboard_log_ends_in_one_message_and_no_traceback(tmp_path):
+    """logs/ on a full 64 KiB tmpfs: TensorBoard's writer fails as the log is opened, in its own thread, before the
+    first step. Status 4 and the message; the writer thread's 24-line traceback followed them, because the handler
+    that turns it into a line was installed after the writer was made."""
+    out = tmp_path / "run"
+    with tmpfs(out / "logs", "64k") as logs:
+        fill(logs, 0)
+        failed = train(out, *small_corpus_flags(tmp_path / "data"), *FLAGS, "--max-steps", "1")
+    assert failed.returncode == 4, failed.stderr
+    assert f"could not write the training log in {out}: [Errno 28] No space left on device; free disk space" \
+        in failed.stderr
+    assert "Traceback" not in failed.stderr and "Exception in thread" not in failed.stderr, failed.stderr
+    assert "first optimizer step" not in failed.stderr and not list(out.glob("*.pth"))
 
 
 def test_the_size_estimate_bounds_the_checkpoints_written(tmp_path):

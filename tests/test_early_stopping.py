@@ -34,7 +34,8 @@ def test_the_run_stops_after_patience_validations_without_a_new_best(stopped):
     assert state.step == 9 and schema.read(stopped / "best.pth").step == 3
     assert state.sections["progress"]["stale_validations"] == 2
     log = (stopped.parent / "stderr.txt").read_text()
-    assert "early stop at step 9: 2 validations in a row without a better mel_loss" in log
+    assert "early stop at step 9: 2 validations without a better mel_loss (--early-stop-patience 2)" in log
+    assert "best.pth holds step 3, the best mel_loss: " in log
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +46,15 @@ def family_stopped(family_assets, request, tmp_path_factory) -> Path:
 
 def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop_bit_identically(family_stopped, family_assets,
                                                                                    tmp_path):
-    """Each model family."""
+    """Each model family. The resume gets a SIGTERM as that validation begins: it stops there all the same, saved,
+    with status 143 as a signal in any other phase (it was 0)."""
     stopped, demo_assets = family_stopped, family_assets
     out = tmp_path / "run"
     killed = train(out, *demo_assets, *PLAN, kill_at="validation:9")
     assert killed.returncode != 0 and final_state(out).step == 6  # the last save before the kill
-    resumed = train(out, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = train(out, "--resume", "auto", kill_at="SIGTERM@validation:9")
+    assert resumed.returncode == 143, resumed.stderr
+    assert "early stop at step 9" in resumed.stderr
     ours, theirs = final_state(out), final_state(stopped)
     assert ours.step == theirs.step == 9
     assert_equal_nested(ours.model, theirs.model, "model")

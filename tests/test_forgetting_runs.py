@@ -193,12 +193,12 @@ def test_every_step_holds_its_share_and_the_forgetting_is_measured_per_language(
             assert change["base_step"] == 0
             assert change["mel_loss"] == pytest.approx(entry["langs"][lang]["mel_loss"] - vals[0]["langs"][lang]["mel_loss"])
     assert vals[15]["forgetting"][new]["mel_loss_rel"] < -0.1  # the new language is learnt
-    assert f"forgetting step 6 language {base} [base] vs step 0: text_loss" in log
+    assert f"forgetting step 6 {base} [base] vs step 0: text_loss" in log
     past = sorted(step for step, entry in vals.items() if not entry["forgetting_guard"]["within"])
     assert past == PAST_THE_LIMIT[family_assets.family]  # the base language forgotten past the limit, the guard said so
     for step in past:
-        assert (f"WARNING forgetting past --forgetting-limit 0.07 on mel_loss of {base} at step {step}: language "
-                f"{base} mel_loss") in log
+        assert f"WARNING forgetting at step {step}: {base} mel_loss" in log
+        assert f"WARNING step {step} is past --forgetting-limit 0.07 (7.0%) on mel_loss" in log
     assert schema.read(out / "best.pth").step not in past
     state = final_state(out)
     assert state.forgetting["base"][base]["step"] == 0 and state.replayed == {"1": 29}
@@ -254,17 +254,22 @@ def test_the_guard_stops_the_run_keeping_the_best_within_the_limit(stopped):
     state = final_state(out)
     assert state.step == 6 and sorted(validations(out)) == [0, 3, 6]
     assert schema.read(out / "best.pth").step == 3
-    assert ("forgetting stop at step 6: language base mel_loss" in log and "best.pth holds step 3, the best mel_loss "
-            "among the validations within the limit; the last validation within it was step 3" in log)
+    assert "forgetting stop at step 6: past --forgetting-limit 0.07 (7.0%) on mel_loss" in log
+    assert "forgetting stop: base mel_loss" in log and "worse than" in log
+    assert "best.pth holds step 3, the best mel_loss among the validations within the limit" in log
+    assert "the last validation within the limit was step 3" in log
 
 
 def test_a_kill_at_the_stopping_validation_resumes_to_the_same_stop(stopped, corpus, base_model, tmp_path):
+    """The resume gets a SIGTERM as that validation begins: it stops there all the same, saved, with status 143 as a
+    signal in any other phase (it was 0)."""
     reference, _ = stopped
     out = tmp_path / "run"
     killed = train(out, *fine_tune_flags(corpus, base_model), "--forgetting-stop", kill_at="validation:6")
     assert killed.returncode != 0 and final_state(out).step == 3
-    resumed = train(out, "--resume", "auto")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = train(out, "--resume", "auto", kill_at="SIGTERM@validation:6")
+    assert resumed.returncode == 143, resumed.stderr
+    assert "forgetting stop at step 6" in resumed.stderr
     assert_same_training(reference, out, 6)
     assert schema.read(out / "best.pth").step == 3
 
@@ -275,8 +280,8 @@ def test_a_resume_respects_the_stop_and_a_larger_limit_trains_on(stopped, tmp_pa
     before = (out / "latest.pth").read_bytes()
     again = train_here(out, "--resume", "auto")
     assert again.returncode == 0, again.stderr
-    assert "nothing to do: the run stopped at step 6: its last validation (step 6) is past --forgetting-limit" in \
-        again.stderr
+    assert "nothing to do: the run stopped at step 6, past --forgetting-limit 0.07" in again.stderr
+    assert "forgetting stop: base mel_loss" in again.stderr
     assert (out / "latest.pth").read_bytes() == before
     larger = train_here(out, "--resume", "auto", "--forgetting-limit", "0.3")
     assert larger.returncode == 0, larger.stderr
@@ -303,7 +308,7 @@ def test_two_processes_stop_at_the_guard_together(stopped, corpus, base_model, t
     out = tmp_path / "run"
     done = torchrun(out, *fine_tune_flags(corpus, base_model), "--forgetting-stop", "--batch-size", "8")
     assert done.returncode == 0, done.stderr
-    assert "forgetting stop at step 6: language base mel_loss" in done.stderr
+    assert "forgetting stop at step 6: past --forgetting-limit" in done.stderr
     assert (out / "sample_ids.tsv").read_text() == (stopped[0] / "sample_ids.tsv").read_text()
     assert final_state(out).step == 6 and schema.read(out / "best.pth").step == 3
 

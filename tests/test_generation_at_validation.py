@@ -57,8 +57,8 @@ def test_sampled_generation_is_recorded_and_draws_other_codes_than_greedy(runs):
 def test_a_temperature_without_generation_says_it_has_no_effect(demo_assets, tmp_path):
     done = train_here(tmp_path / "run", *demo_assets, *FLAGS[:-2], "--max-steps", "1", "--sample-temperature", "0.8")
     assert done.returncode == 0, done.stderr
-    assert "--sample-temperature 0.8 has no effect: generation at validation is off; pass --sample-interval N" \
-        in done.stderr
+    assert "--sample-temperature 0.8 has no effect: generation at validation is off;" in done.stderr
+    assert "pass --sample-interval N to generate samples" in done.stderr
 
 
 def test_top_k_or_top_p_without_a_temperature_is_refused(demo_assets, tmp_path):
@@ -217,7 +217,7 @@ def test_out_of_memory_while_generating_halves_the_batch_and_changes_no_code(run
                       env={"INDEXTTS_TRAIN_OOM_AT": "0:generate"})
     assert done.returncode == 0, done.stderr
     assert "out of memory while generating samples at step 0" in done.stderr
-    assert "generating in batches of 2 from here on" in done.stderr
+    assert "out of memory while generating samples at step 0: batches of 2 from here on" in done.stderr
     assert_same_weights(out, runs["on"])
     assert sorted(list_sets(out)) == sorted(list_sets(runs["on"]))
     for step in list_sets(out):

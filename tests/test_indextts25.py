@@ -87,6 +87,7 @@ def test_the_tiktoken_file_has_its_ranks_then_the_special_tokens_in_upstreams_or
     enc = encoding(path)
     ranks = FAMILY.tokenizer.size(path) - len(SPECIAL_TOKENS)
     assert enc.n_vocab == FAMILY.tokenizer.size(path) == 2400
+    assert len(SPECIAL_TOKENS) == 1673 and LANGUAGE_ROWS == 106 + 1  # as upstream's; docs/indextts25.md says so
     assert enc.encode("<|en|>", allowed_special="all") == [ranks + 2]  # after endoftext, startoftranscript
     assert enc.encode("<|am|>", allowed_special="all") == [ranks + 2 + lang_id("am")]  # 58913 in the release
     assert enc.encode("<|su|>", allowed_special="all") == [ranks + 2 + 98]  # the 99th and last language token

@@ -39,7 +39,7 @@ SOURCES = ("trainers", "tools")  # the folders whose modules are checked, relati
 # package's own __init__ only.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("trainers", "trainers.errors", "trainers.files", "trainers.torch_files", "trainers.stop_signals",
-              "trainers.faults", "trainers.console_streams")),
+              "trainers.faults", "trainers.console_streams", "trainers.log_lines")),
     ("config", ("trainers.config",)),
     ("model", ("trainers.model",)),
     ("data", ("trainers.data",)),

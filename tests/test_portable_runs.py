@@ -101,7 +101,8 @@ def test_moved_run_and_data_resume_with_one_remap_bit_identically(demo_assets, r
     assert resumed.returncode == 0, resumed.stderr
     assert "(step 7," in resumed.stderr
     for flag, name in (("--train-manifest", "train.jsonl"), ("--tokenizer", "bpe.model"), ("--config", "demo.yaml")):
-        assert f"input moved: {flag} {old_data / name} -> {new_data / name} (--data-root " in resumed.stderr
+        assert f"input moved: {flag} {old_data / name} -> {new_data / name}\n" in resumed.stderr
+        assert f"input moved: {flag}: --data-root " in resumed.stderr
     assert " WARNING " not in resumed.stderr
     assert_same_training(reference, run, STEPS)  # every model and optimizer tensor, and sample_ids.tsv
     assert final_state(run).settings["tokenizer"] == str(new_data / "bpe.model")  # saved: the next resume needs no flag
@@ -120,8 +121,8 @@ def test_moved_demo_run_finds_its_demo_data_inside_the_run_directory(reference, 
 
     resumed = train_here(run, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert f"input moved: --tokenizer {old}/demo_data/bpe.model -> {run}/demo_data/bpe.model (inside the run " \
-           f"directory, saved as {old})" in resumed.stderr
+    assert f"input moved: --tokenizer {old}/demo_data/bpe.model -> {run}/demo_data/bpe.model" in resumed.stderr
+    assert f"input moved: --tokenizer: inside the run directory, saved as {old}" in resumed.stderr
     assert "Reusing demo corpus" in resumed.stderr  # not generated again
     # --demo generates the same corpus the reference was trained on.
     assert final_state(run).fingerprints == final_state(reference).fingerprints
@@ -186,7 +187,8 @@ def resume_packed_elsewhere(packed: Path, run: Path, data: Path, tokenizer: str,
     copy_run(packed, run)
     resumed = train_here(run, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
-    assert f"input moved: --tokenizer {data / tokenizer} -> {run / 'inputs' / tokenizer} (packed" in resumed.stderr
+    assert f"input moved: --tokenizer {data / tokenizer} -> {run / 'inputs' / tokenizer}\n" in resumed.stderr
+    assert "input moved: --tokenizer: packed" in resumed.stderr
 
 
 def test_a_packed_run_resumes_anywhere_without_a_remap(demo_assets, reference, tmp_path, capsys):

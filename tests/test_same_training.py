@@ -68,11 +68,18 @@ def _samples_seen(progress: dict) -> dict:
     return {"samples_seen": progress["samples_seen"] + 1}
 
 
+def _numpy_rng(rng: dict) -> dict:
+    keys = rng["numpy"]["keys"].clone()
+    keys[0] += 1
+    return {"numpy": {**rng["numpy"], "keys": keys}}
+
+
 CHECKPOINT_CHANGES = {
     "the learning rate in the optimizer's param groups": ("optim", _learning_rate, r"optimizer\.param_groups\[0\]\.lr"),
     "one ulp in an AdamW moment": ("optim", _one_ulp_in_a_moment, r"optimizer\.state\.\d+\.exp_avg differs"),
     "a logged loss": ("progress", _a_logged_loss, "the logged train/val history differs"),
     "the samples seen": ("progress", _samples_seen, "samples seen\\) differ"),
+    "numpy's saved random state": ("rng", _numpy_rng, r"rng\.numpy\.keys differs"),
 }
 
 

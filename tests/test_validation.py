@@ -345,7 +345,8 @@ def test_an_unknown_gpt_key_unlike_any_setting_is_kept_with_a_warning(tmp_path, 
     with caplog.at_level("WARNING", logger="train"):
         assert read_model_yaml(str(path))["gpt"]["my_note"] == "v2 voice"
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warned) == 1 and "gpt.my_note is not a setting" in warned[0], warned
+    assert len(warned) == 2 and "gpt.my_note: neither the trainer nor IndexTTS2 inference reads it" in warned[0], warned
+    assert "Remove it if it is a typo" in warned[1]
 
 
 # --- features of another model size -------------------------------------------------------------

@@ -68,7 +68,7 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
                 why = run.listeners.stop(validation) if validation else None
                 if why:
                     bar.close()
-                    return stop_after_validation(run, tlog, why)
+                    return stop_after_validation(run, tlog, why, stop)
                 run.model.train()
             stopping = run.world.agree_to_stop(stop)
             if (progress.step % settings.save_interval == 0 and not last) or stopping:
@@ -86,16 +86,23 @@ def train_steps(run: Run, tlog: TrainLog, bar: tqdm, stop: StopRequest, faults: 
     return None
 
 
-def stop_after_validation(run: Run, tlog: TrainLog, why: str) -> int:
+def ended(run: Run, stop: StopRequest) -> int:
+    """The status of a run that ended where it should (its end, early stopping, the forgetting guard), its state
+    saved: 128 + N when a stop signal came during its last validation or save, as in every other phase, else 0."""
+    return stop.exit_status if run.world.agree_to_stop(stop) else EXIT_OK
+
+
+def stop_after_validation(run: Run, tlog: TrainLog, why: str, stop: StopRequest) -> int:
     """A listener ends the run after a validation (early stopping, the forgetting guard): the final checkpoint,
-    then `why` is said; status 0."""
+    then `why` is said, a log line each; then `ended`."""
     progress = run.progress
     tlog.flush_interval(progress.step, run.data.epoch, run.total_steps)
     tlog.write_steps()
     run.checkpoints.save(progress.step)
     run.checkpoints.wait()  # complete before the trainer says so, or exits
-    log.info("%s", why)
-    return EXIT_OK
+    for line in why.splitlines():
+        log.info("%s", line)
+    return ended(run, stop)
 
 
 def train_step(run: Run, plan: StepPlan, batches: Iterator[Batch],
@@ -154,8 +161,9 @@ def diverged(run: Run, result: StepResult, skipped: int) -> bool:
         log.info("step %d: fp16 gradients overflowed, update skipped; the loss scale is lowered to %g (normal in "
                  "the first steps of an fp16 run; %d in a row)", step, run.optim.loss_scale, skipped)
     else:
-        log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row); if this repeats, lower "
-                    "--learning-rate or check the data", step, result.grad_norm, skipped)
+        log.warning("step %d: non-finite gradients (norm %s), update skipped (%d in a row);", step, result.grad_norm,
+                    skipped)
+        log.warning("if this repeats, lower --learning-rate or check the data")
     if skipped < (MAX_SKIPPED_FP16 if fp16 else MAX_BAD_STEPS):
         return False
     log.error("training diverged: %d steps in a row with non-finite gradients%s; the last checkpoint (%s) is intact",
@@ -184,8 +192,8 @@ def show_on_bar(bar: tqdm, means: dict[str, float] | None) -> None:
 
 def save_unless_skipping(run: Run, tlog: TrainLog, skipped: int) -> None:
     if skipped:  # the newest checkpoint stays the last one from before the streak
-        log.warning("step %d: not saving during a streak of skipped steps; the newest checkpoint is %s",
-                    run.progress.step, run.checkpoints.newest_name())
+        log.warning("step %d: not saving during a streak of skipped steps", run.progress.step)
+        log.warning("the newest checkpoint is %s", run.checkpoints.newest_name())
     else:
         tlog.write_steps()  # the saved step's scalars are in TensorBoard before it is resumable
         run.checkpoints.save(run.progress.step)
@@ -198,10 +206,13 @@ def shrink_micro_batch(run: Run, tlog: TrainLog, error: str) -> None:
     step, effective = run.progress.step + 1, run.settings.effective_batch
     old = run.hardware.halve_micro_batch(run.world.rank_batch(effective), f"step {step}", error)  # every process
     new = run.hardware.split
-    log.warning("out of memory at step %d with micro-batch %d (%s): redoing the step with micro-batch %d x "
-                "accumulation %d; the samples and the effective batch %d are unchanged. Pass --batch-size %d to "
-                "start there next time%s", step, old.micro_batch, error, new.micro_batch, new.accumulation,
-                effective, new.micro_batch, fragmentation_advice(os.environ))
+    log.warning("out of memory at step %d with micro-batch %d: redone with micro-batch %d x accumulation %d", step,
+                old.micro_batch, new.micro_batch, new.accumulation)
+    log.warning("cause: %s", error)
+    log.warning("same samples and effective batch %d; pass --batch-size %d to start there next time", effective,
+                new.micro_batch)
+    for line in fragmentation_advice(os.environ).splitlines():
+        log.warning("%s", line)
     tlog.scalar("hardware/micro_batch", new.micro_batch, run.progress.step)
 
 
@@ -232,8 +243,9 @@ def validation_losses(run: Run, tlog: TrainLog, faults: Faults) -> dict[str, Ste
         release_memory(run.hardware.device)
         run.hardware.halve_val_batch(error)
         val_batch = run.hardware.val_batch
-        log.warning("out of memory in validation (%s): validating again with batch %d; pass --val-batch-size %d to "
-                    "start there", error, val_batch, val_batch)
+        log.warning("out of memory in validation: again with batch %d; pass --val-batch-size %d to start there",
+                    val_batch, val_batch)
+        log.warning("cause: %s", error)
         tlog.scalar("hardware/val_batch", val_batch, run.progress.step)
 
 

@@ -17,7 +17,7 @@ from trainers.errors import (
 from trainers.faults import Faults
 from trainers.hardware.determinism import NO_DETERMINISM_ADVICE, NondeterministicOp
 from trainers.hardware.oom_recovery import OutOfMemoryStop, is_out_of_memory, oom_message
-from trainers.loop import evaluate, train_steps
+from trainers.loop import ended, evaluate, train_steps
 from trainers.run.setup import Run, setup_run
 from trainers.stop_signals import EarlySignals, StopNow, StopRequest
 from trainers.training.distributed import World
@@ -112,7 +112,7 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
         log.info("training finished at step %d (epoch %d, step %d of it)", run.progress.step, run.data.epoch,
                  run.data.step_in_epoch)
         log.info("to train longer: --resume auto with a larger --max-steps or --epochs")
-        return stop.exit_status if run.world.agree_to_stop(stop) else EXIT_OK  # a signal during the final validation
+        return ended(run, stop)  # a signal during the final validation: 128 + N
     except CheckpointWriteError as exc:
         log.error("%s%s", exc, f" (the last checkpoint, {run.checkpoints.newest_name()}, is intact)"
                   if isinstance(exc, LogWriteError) else "")
@@ -145,8 +145,9 @@ def train(run: Run, stop: StopRequest, faults: Faults) -> int:
 
 def nothing_to_do(run: Run, tlog: TrainLog, why: str, *args: object) -> int:
     """A resume that has nothing to train still leaves the run directory as its settings say: a lowered
-    --keep-checkpoints applies now, not at a save that will not come."""
-    log.info("nothing to do: " + why, *args)
+    --keep-checkpoints applies now, not at a save that will not come. `why`: a log line each."""
+    for line in ("nothing to do: " + why % args).split("\n"):
+        log.info("%s", line)
     if run.world.is_main:
         run.checkpoints.apply_keep(run.progress.step)
     tlog.close()

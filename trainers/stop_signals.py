@@ -88,16 +88,15 @@ class StopRequest:
             if self.signum is not None:
                 raise StopNow(signum)
             self.signum = signum
-            log.warning("received %s during start-up: stopping at the next safe point, before training (send it "
-                        "again to stop at once)", name)
+            log.warning("received %s during start-up: stopping before training (send it again to stop at once)",
+                        name)
             return
         if self.signum is not None:
-            log.warning("second stop signal (%s): abandoning the current step; the last saved checkpoint is intact",
-                        name)
+            log.warning("second stop signal (%s): abandoning the step; the last saved checkpoint is intact", name)
             raise StopNow(signum)
         self.signum = signum
-        log.warning("received %s: finishing the current optimizer step, then saving a checkpoint and exiting "
-                    "(send it again to abandon the step without saving)", name)
+        log.warning("received %s: finishing the current optimizer step, then saving a checkpoint and exiting", name)
+        log.warning("(send it again to abandon the step without saving)")
 
 
 def ignore_stop_signals(_worker_id: int = 0) -> None:

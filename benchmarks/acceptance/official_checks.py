@@ -54,8 +54,8 @@ OOM_MICRO_BATCHES = (32, 16, 8)  # the first whose calibration fits and leaves O
 OOM_MARGIN = 2 ** 29  # 0.5 GiB each side of the cap: the allocator's rounding, cuBLAS's workspace, fragments
 CAPPED = Path(__file__).resolve().parent / "capped_trainer.py"
 SHM_FOR_WORKERS = 2 ** 31  # /dev/shm below this: one data-loader worker (see _loader)
-HALVED = re.compile(r"out of memory at step 1 with micro-batch (\d+) \((.*?)\): "
-                    r"redoing the step with micro-batch (\d+)")
+HALVED = re.compile(r"out of memory at step 1 with micro-batch (\d+): redone with micro-batch (\d+) x accumulation "
+                    r"\d+\n\S+ \S+ WARNING cause: (.*)")  # two lines of the trainer's log
 FIRST_STEP = re.compile(r"first optimizer step finished ([\d.]+) s after process start")
 # The halved run and the run at the halved size from the start compute the same micro-batches; without
 # --deterministic some backward kernels add in another order, which Adam turns into weight differences of a
@@ -227,9 +227,9 @@ def _last_validation(state: schema.Checkpoint) -> dict:
 
 def _halving(done: Finished, micro: int, injected: bool) -> tuple[bool, dict]:
     found = HALVED.search(done.stderr)
-    figures = {"exit": done.returncode, "halved": [int(found.group(1)), int(found.group(3))] if found else None,
-               "error": found.group(2)[:160] if found else None}
-    real = bool(found) and ("injected" in found.group(2)) == injected and "out of memory" in found.group(2).lower()
+    figures = {"exit": done.returncode, "halved": [int(found.group(1)), int(found.group(2))] if found else None,
+               "error": found.group(3)[:160] if found else None}
+    real = bool(found) and ("injected" in found.group(3)) == injected and "out of memory" in found.group(3).lower()
     ok = done.returncode == 0 and real and figures["halved"] == [micro, micro // 2]
     return ok and f"training finished at step {OOM_STEPS} " in done.stderr, figures
 

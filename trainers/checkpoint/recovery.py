@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,14 +84,16 @@ def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, 
             raise
         except CheckpointError as exc:
             if not quiet:
-                log.warning("checkpoint %s in %s is damaged and cannot be resumed: %s", _described(manager, path),
-                            manager.run_dir, exc.reason)
+                log.warning("checkpoint %s in %s is damaged and cannot be resumed:", _described(manager, path),
+                            manager.run_dir)
+                for line in textwrap.wrap(exc.reason, 88):  # it may quote torch's own error at length
+                    log.warning("  %s", line)
             tried.append((path, exc.reason))
             continue
         if tried and not quiet:
-            log.warning("--resume auto: resuming from %s, the newest intact checkpoint, instead of the damaged %s; "
-                        "the steps after it are trained again (with the same result)", path.name,
-                        ", ".join(p.name for p, _ in tried))
+            log.warning("--resume auto: resuming from %s, the newest intact checkpoint,", path.name)
+            log.warning("instead of the damaged %s;", ", ".join(p.name for p, _ in tried))
+            log.warning("the steps after it are trained again (with the same result)")
         return Found(ckpt, path, tried)
     lines = [f"--resume auto: no intact checkpoint in {run_dir}; tried, newest first:",
              *[f"  {_described(manager, p)}: {reason}" for p, reason in tried],
@@ -182,8 +185,8 @@ def repair_latest(run_dir: Path, resumed: Path) -> None:
         raise UserError(f"could not point {latest} at {resumed.name}, the newest complete checkpoint ({err}); fix the "
                         "run directory's permissions or free disk space, then resume again (nothing was trained)"
                         ) from None
-    log.info("%s %s, behind %s (a save stopped before its link): it now refers to %s", latest.name, before,
-             resumed.name, resumed.name)
+    log.info("%s %s, behind %s (a save stopped before its link)", latest.name, before, resumed.name)
+    log.info("%s now refers to %s", latest.name, resumed.name)
 
 
 def _described_latest(manager: CheckpointManager) -> str:
@@ -200,6 +203,6 @@ def _move_aside(path: Path) -> Path:
         n += 1
         target = path.with_name(f"{path.name}{ASIDE_SUFFIX}-{n}")
     os.rename(path, target)
-    log.warning("renamed the damaged %s to %s: its bytes are kept, and resume and rotation no longer see it; "
-                "delete it once you no longer need it", path.name, target.name)
+    log.warning("renamed the damaged %s to %s: its bytes are kept,", path.name, target.name)
+    log.warning("and resume and rotation no longer see it; delete it once you no longer need it")
     return target

@@ -125,11 +125,8 @@ class CheckpointManager:
             latest_step = self._latest_step(files)
             if newest is not None and latest_step is not None and newest[0] > latest_step:
                 # Expected after a kill between the two renames of a save: not an alarm.
-                logger.info(
-                    "%s is newer than %s (step %d): the previous run was killed "
-                    "before it updated latest.pth. Resuming from %s.",
-                    newest[1].name, latest, latest_step, newest[1],
-                )
+                logger.info("%s is newer than %s (step %d), resuming from it:", newest[1].name, latest, latest_step)
+                logger.info("the previous run was killed before it updated latest.pth")
                 return newest[1]
             return latest
         if newest is not None:

@@ -306,11 +306,15 @@ class ConfigChange:
     breaks_exactness: bool
 
     def describe(self) -> str:
+        name, saved, now, tag = self.parts()
+        return f"{name}: saved {saved}, now {now} ({tag})"
+
+    def parts(self) -> tuple[str, str, str, str]:
+        """(name, saved value, value now, whether it changes the result) as described."""
         tag = "changes the result" if self.breaks_exactness else "ok"
         if _is_digest(self.saved) or _is_digest(self.now):  # sha256 digests: 12 digits tell them apart
-            name = FINGERPRINT_NAMES.get(self.key, f"{self.key} (sha256)")
-            return f"{name}: saved {_short(self.saved)}, now {_short(self.now)} ({tag})"
-        return f"{self.key}: saved {self.saved!r}, now {self.now!r} ({tag})"
+            return FINGERPRINT_NAMES.get(self.key, f"{self.key} (sha256)"), _short(self.saved), _short(self.now), tag
+        return self.key, repr(self.saved), repr(self.now), tag
 
 
 FINGERPRINT_NAMES = {"data": "data (the training manifests' sha256)", "model_config": "model_config (its sha256)"}

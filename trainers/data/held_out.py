@@ -95,8 +95,7 @@ def warn_overlap(train: SampleTable, val: SampleTable) -> Overlap:
     if found.example is not None:
         k, i = found.example
         every = "every one" if found.count == len(val) else f"{found.count} of {len(val)}"
-        log.warning("validation is not held out: %s validation samples are training samples too (same id or "
-                    "codes file)", every)
-        log.warning("e.g. %s is %s (id %r): its losses measure memorising; drop them from one manifest",
-                    val.source(k), train.source(i), val.ids[k])
+        log.warning("validation is not held out: %s validation samples are training samples too", every)
+        log.warning("e.g. %s is %s (id %r)", val.source(k), train.source(i), val.ids[k])
+        log.warning("(the same id or codes file): their losses measure memorising; drop them from one manifest")
     return found

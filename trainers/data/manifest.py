@@ -178,8 +178,11 @@ def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: 
     if check.problems:
         raise ManifestError(check.problems)
     if check.dropped_ids and limits.forms.dropped_note:  # once, when the manifests are checked
-        logger.info("%s: %s", flag, limits.forms.dropped_note.format(samples=check.samples_with_dropped,
-                                                                     ids=check.dropped_ids))
+        note = limits.forms.dropped_note.format(samples=check.samples_with_dropped, ids=check.dropped_ids)
+        first, *more = note.splitlines()  # a log line each
+        logger.info("%s: %s", flag, first)
+        for line in more:
+            logger.info("%s", line)
     table = check.table.build()
     duplicates = repeated_ids(np.frombuffer(check.table.id_hashes, dtype=np.int64), table.ids)
     folders = check.folders.arrays(table.folders.strings(), check.table.file_index)

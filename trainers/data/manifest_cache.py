@@ -132,7 +132,7 @@ def _reuse(path: Path, key: str, said: set[str]) -> Validated | None:
     except (OSError, TableFileError) as exc:
         return _distrust(path, str(exc))
     if header.get("key") != key:
-        log.info("manifests: checking in full (%s was for other manifests, places or limits)", _in_run(path))
+        log.info("manifests: checking in full (%s: other manifests, places or limits)", _in_run(path))
         return None
     try:
         _, table, record = map_file(path, verify=True, extras=_FOLDER_ARRAYS)

@@ -47,9 +47,10 @@ def _unmatched(signatures: list[Signature], other: list[Signature]) -> list[int]
     return unmatched
 
 
-def _examples(table: SampleTable, indices: list[int]) -> str:
-    shown = ", ".join(f"{table.source(i)} (id {table.ids[i]!r})" for i in indices[:SHOWN])
-    return shown + (", ..." if len(indices) > SHOWN else "")
+def _examples(table: SampleTable, indices: list[int]) -> list[str]:
+    """A line each, under the line that counts them."""
+    shown = [f"    {table.source(i)} (id {table.ids[i]!r})" for i in indices[:SHOWN]]
+    return shown + (["    ..."] if len(indices) > SHOWN else [])
 
 
 def _lines(count: int) -> str:
@@ -67,12 +68,12 @@ def describe_changes(before: SampleTable, now: SampleTable) -> list[str]:
     added = [i for i in added if new[i][0] not in changed_ids]
     lines = [f"the training manifests changed since the checkpoint: {len(before)} samples then, {len(now)} now"]
     if removed:
-        lines.append(f"  {_lines(len(removed))} removed, e.g. {_examples(before, removed)} (line numbers as they were)")
+        lines += [f"  {_lines(len(removed))} removed (line numbers as they were), e.g.", *_examples(before, removed)]
     if added:
-        lines.append(f"  {_lines(len(added))} added, e.g. {_examples(now, added)}")
+        lines += [f"  {_lines(len(added))} added, e.g.", *_examples(now, added)]
     if changed:
-        lines.append(f"  {_lines(len(changed))} changed (same id, other lengths or codes file), e.g. "
-                     f"{_examples(before, changed)}")
+        lines += [f"  {_lines(len(changed))} changed (same id, other lengths or codes file), e.g.",
+                  *_examples(before, changed)]
     if not (removed or added or changed):
         lines.append("  the same samples (ids, lengths, codes files), in another order or with other fields "
                      "(speaker, language, paths): the data order numbers samples by their place")
@@ -81,6 +82,6 @@ def describe_changes(before: SampleTable, now: SampleTable) -> list[str]:
 
 def consequence(step: int, epoch: int) -> list[str]:
     """What continuing with the changed data (--allow-config-change) means for exactness."""
-    return [f"continuing (--allow-config-change) trains from step {step} on today's samples: the rest of epoch {epoch}",
-            "is drawn anew over them (a sample may be trained twice or not at all in it) and every later epoch differs,",
-            "so the run no longer equals an uninterrupted run on either manifest"]
+    return [f"continuing (--allow-config-change) trains from step {step} on today's samples:",
+            f"the rest of epoch {epoch} is drawn anew over them (a sample may be trained twice or not at all)",
+            "and every later epoch differs: the run equals no uninterrupted run on either manifest"]

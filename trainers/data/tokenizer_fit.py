@@ -106,8 +106,7 @@ def check_text_ids(specs: Sequence[ManifestSpec], tokenizer: str) -> list[Checke
             if stored is not None:
                 checked.append(check_line(sp, source, text, stored))
     if not checked:
-        log.info("--tokenizer: the manifests carry no text (target_text / text), so their text ids cannot be "
-                 "checked against it")
+        log.info("--tokenizer: the manifests carry no text (target_text / text) to check their text ids with")
         return checked
     matching = sum(c.matches for c in checked)
     mean = sum(c.similarity for c in checked) / len(checked)

@@ -169,14 +169,15 @@ class TrainData:
         if self.order_batch != self.epoch_batch:
             what = "target samples per step (the effective batch less the replay shares)" if self.mixing else \
                 "effective batch"
-            log.warning("%s changed from %d to %d: resuming epoch %d at sample %d (step %d); no sample of this epoch "
-                        "is repeated or skipped", what, self.order_batch, self.epoch_batch, self.epoch,
-                        self.samples_in_epoch, self.step_in_epoch)
+            log.warning("%s changed from %d to %d", what, self.order_batch, self.epoch_batch)
+            log.warning("resuming epoch %d at sample %d (step %d); no sample of this epoch is repeated or skipped",
+                        self.epoch, self.samples_in_epoch, self.step_in_epoch)
         if self.order_grouped != self.grouped:
-            log.warning("data order changed from %s to %s: the rest of epoch %d keeps its order, later epochs are %s",
-                        ORDER_NAMES[self.order_grouped], ORDER_NAMES[self.grouped], self.epoch,
-                        ORDER_NAMES[self.grouped])
+            log.warning("data order changed from %s to %s: the rest of epoch %d keeps its order",
+                        ORDER_NAMES[self.order_grouped], ORDER_NAMES[self.grouped], self.epoch)
+            log.warning("later epochs are %s", ORDER_NAMES[self.grouped])
         if self.order_samples != self.subset_size:
-            log.warning("training samples changed from %d to %d: the rest of epoch %d keeps its %d samples (none "
-                        "repeated or skipped), from epoch %d on each epoch has %d", self.order_samples,
-                        self.subset_size, self.epoch, self.order_samples, self.epoch + 1, self.subset_size)
+            log.warning("training samples changed from %d to %d: the rest of epoch %d keeps its %d samples",
+                        self.order_samples, self.subset_size, self.epoch, self.order_samples)
+            log.warning("(none repeated or skipped); from epoch %d on each epoch has %d", self.epoch + 1,
+                        self.subset_size)

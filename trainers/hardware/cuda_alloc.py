@@ -61,11 +61,10 @@ def allocator_line(environ: MutableMapping[str, str]) -> str:
 
 
 def fragmentation_advice(environ: MutableMapping[str, str]) -> str:
-    """For the out-of-memory message: '' when expandable segments are on, else how to turn them on."""
+    """For the out-of-memory message: '' when expandable segments are on, else how to turn them on (two lines)."""
     if expandable(environ):
         return ""
     found = _user_value(environ)
-    setting = f"add expandable_segments:True to your {found[0]}={found[1]} (comma-separated)" if found else \
-        f"start the trainer with {CUDA_VAR}={EXPANDABLE}"
-    return (f". After repeated halving GPU memory can be free but fragmented (sizes change from step to step): "
-            f"{setting}, so the allocator can reuse it")
+    setting = f"to reuse it, add expandable_segments:True (comma-separated) to your\n{found[0]}={found[1]}" if found \
+        else f"start the trainer with {CUDA_VAR}={EXPANDABLE} to reuse it"
+    return f"after repeated halving, free GPU memory can be fragmented (sizes change from step to step):\n{setting}"

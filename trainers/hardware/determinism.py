@@ -124,8 +124,8 @@ def log_determinism(machine: Hardware, amp_dtype: torch.dtype | None, heads: int
                     seq_len: int) -> None:
     """The start-up line of a --deterministic run: what it guarantees, and the attention backend."""
     backend = attention_backend(machine, amp_dtype, head_dim)
-    log.info("deterministic: on (an op without a deterministic kernel stops the run with exit 2 before it runs); "
-             "attention: %s", backend.describe())
+    log.info("deterministic: on (an op with no deterministic kernel stops the run with exit 2 before it runs)")
+    log.info("attention: %s", backend.describe())
     if backend.name == "math":
         gib = math_attention_bytes(seq_len, heads, amp_dtype) / 2 ** 30
         log.warning("attention runs on the math backend, which keeps %.2f GiB per sample and layer at the longest "

@@ -16,6 +16,7 @@ import torch
 from trainers.config.settings import TrainConfig
 from trainers.data.sample_table import SampleTable
 from trainers.faults import OomInjector
+from trainers.log_lines import log_fitting
 from trainers.hardware.batch_probe import ProbeCache, ProbeKey, largest_fitting, model_fits
 from trainers.hardware.detect import (
     CPU_MICRO_BATCH, BatchSplit, Hardware, auto_workers, choose_split, configure_device, split_for,
@@ -79,9 +80,10 @@ class HardwarePlan:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore: says what differs from the machine that wrote the checkpoint."""
         if state["machine"] not in ("unknown", self.machine.cache_key()):
-            log.info("hardware changed: the checkpoint was written on %s, this run is on %s; the split of each step "
-                     "into micro-batches may differ, the samples of each step do not", state["machine"],
-                     self.machine.cache_key())
+            written, now = state["machine"], self.machine.cache_key()
+            log_fitting(log, f"hardware changed: the checkpoint was written on {written}, this run is on {now}",
+                        f"hardware changed: the checkpoint was written on {written},", f"this run is on {now}")
+            log.info("the split of each step into micro-batches may differ, the samples of each step do not")
         if state["amp_dtype"] != str(self.amp_dtype):
             log.info("mixed precision changed from %s to %s", state["amp_dtype"], self.amp_dtype)
         if state.get("world_size", 1) != self.world_size:
@@ -149,6 +151,8 @@ def _below_known_failure(given: BatchSplit, effective_batch: int, cache: ProbeCa
     smaller = cache.lookup(key)
     if failed is None or smaller is None or given.micro_batch < failed[0]:
         return given
-    log.info("micro-batch %d ran out of memory on this machine with these settings (%s, %s): starting at %d; delete "
-             "%s to try %d again", failed[0], failed[1], cache.path.name, smaller, cache.path, given.micro_batch)
+    log.info("micro-batch %d ran out of memory on this machine with these settings: starting at %d", failed[0],
+             smaller)
+    log.info("(%s)", failed[1])
+    log.info("delete %s to try %d again", cache.path, given.micro_batch)
     return split_for(effective_batch, smaller, f"{given.reason}, lowered after running out of memory")

@@ -47,9 +47,9 @@ def choose_amp(machine: Hardware, mode: str) -> AmpChoice:
         return AmpChoice(torch.bfloat16, "--amp bf16" + ("" if gpu else ", CPU autocast"))
     if mode == "fp16":
         if gpu is None:
-            log.warning("--amp fp16 on the CPU: most CPUs have no fp16 arithmetic, and a step at the official width "
-                        "took 52x as long as in fp32 here (benchmarks/amp_cost.py); use it to exercise the fp16 path, "
-                        "--amp off or bf16 to train on a CPU")
+            log.warning("--amp fp16 on the CPU: most CPUs have no fp16 arithmetic, and a step at the official")
+            log.warning("width took 52x as long as in fp32 here (benchmarks/amp_cost.py); use it to exercise the")
+            log.warning("fp16 path, --amp off or bf16 to train on a CPU")
         return AmpChoice(torch.float16, "--amp fp16, with a loss scaler" + ("" if gpu else ", CPU autocast"))
     if gpu is None:
         return AmpChoice(None, "auto: fp32 on the CPU; --amp bf16 for bf16 autocast")

@@ -90,7 +90,11 @@ class HeldRows:
 
     def describe(self) -> str:
         """'lang_embedding.weight[9, 99], text_embedding.weight[...]': the rows that train."""
-        return ", ".join(f"{name}{rows}" for name, rows in zip(self.names, self.trained))
+        return ", ".join(self.parts())
+
+    def parts(self) -> list[str]:
+        """The rows that train, a table each: 'lang_embedding.weight[9, 99]'."""
+        return [f"{name}{rows}" for name, rows in zip(self.names, self.trained)]
 
     def state_dict(self) -> dict[str, dict[str, list[int]]]:
         # The rows' values live in the model section; which rows train is the state here.

@@ -77,7 +77,8 @@ def add_lora(weights: GPTWeights, lora: LoraSettings, cfg: RunConfig) -> None:
     if cfg.vocab.extended:
         log.info("LoRA: text_embedding and text_head train (their base rows held exact)")
     elif tables:
-        log.info("LoRA: %s train (all but the rows of --new-language held exact)", ", ".join(tables))
+        log.info("LoRA: %s train", ", ".join(tables))
+        log.info("LoRA: all their rows but those of --new-language are held exact")
 
 
 def held_rows(cfg: RunConfig) -> dict[str, list[int]] | None:

@@ -97,8 +97,8 @@ def _misspelt_keys(section: dict[str, Any], family: ModelFamily) -> list[str]:
             problems.append(f"gpt.{key} is not a setting; did you mean gpt.{close[0]}? (as written, it would be "
                             f"ignored and the model built with gpt.{close[0]} {section.get(close[0], 'at its default')})")
         else:
-            log.warning("--config: gpt.%s is not a setting the trainer or IndexTTS2 inference reads; it is kept in "
-                        "the run's config.yaml but has no effect on training. Remove it if it is a typo", key)
+            log.warning("--config: gpt.%s: neither the trainer nor IndexTTS2 inference reads it;", key)
+            log.warning("it is kept in the run's config.yaml but has no effect on training. Remove it if it is a typo")
     return problems
 
 
@@ -190,8 +190,8 @@ def check_fresh_data(cfg: TrainConfig, inputs: RunInputs, tokenizer_check: bool 
     if tokenizer_check and inputs.family.tokenizer.checks_manifest_text:
         check_text_ids([*train_specs, *val_specs], cfg.tokenizer)
     elif tokenizer_check:
-        log.info("--tokenizer: the manifests' text ids are not re-encoded at start for %s (its front end's language "
-                 "normalisation does not run here); make them with indextts-retokenize", inputs.family.title)
+        log.info("--tokenizer: the manifests' text ids are not re-encoded at start for %s", inputs.family.title)
+        log.info("(its front end's language normalisation does not run here); make them with indextts-retokenize")
 
 
 def model_config_fingerprint(gpt: GPTConfig) -> str:

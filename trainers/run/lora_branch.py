@@ -57,9 +57,9 @@ def start_lora_branch(cmd: CommandLine, settings: TrainConfig, saved: SavedRun, 
     if not (base.is_file() and base.read_bytes() == data):  # under torchrun rank 0 wrote it; the others read it
         write_bytes_atomically(base, data)
     origin = f"run {saved.run_id or '(no identity)'} at step {ckpt.step} ({source})"
-    log.info("starting a LoRA branch of %s in %s: its model, written to %s, is the base of the adapters; that run "
-             "is left as it is", origin, run_dir, base)
-    log.info("the LoRA branch starts at step 0 with a fresh optimizer and learning-rate schedule, reading the data "
-             "from the start (the full run's optimizer state belongs to the tensors it trained)")
+    log.info("starting a LoRA branch of %s in %s", origin, run_dir)
+    log.info("its model, written to %s, is the base of the adapters; that run is left as it is", base)
+    log.info("the LoRA branch starts at step 0 with a fresh optimizer and learning-rate schedule, and reads")
+    log.info("the data from its start: the full run's optimizer state belongs to the tensors it trained")
     rederived = {k: getattr(TrainConfig, k) for k in ("lr_decay_steps", "freeze_base_vocab") if k not in cmd.given}
     return replace(settings, base_checkpoint=str(base), **rederived), f"LoRA branch from {origin}"

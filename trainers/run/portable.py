@@ -277,8 +277,8 @@ def locate_inputs(remaps: Sequence[tuple[str, str]], given: dict[str, Any], sett
             path = one.path
             f = find(places, key, path)
             if f.path is None and key == "base_checkpoint" and has_checkpoint and not settings.lora_rank:
-                log.info("--base-checkpoint %s is not at its saved place; not needed: the checkpoint being resumed "
-                         "carries every tensor of it", path)
+                log.info("--base-checkpoint %s is not at its saved place; not needed:", path)
+                log.info("the checkpoint being resumed carries every tensor of it")
                 f = Found(key, path, path, "", f.looked_in)
             found.append(f)
             new_specs.append(one.moved(f.path or path))
@@ -288,10 +288,11 @@ def locate_inputs(remaps: Sequence[tuple[str, str]], given: dict[str, Any], sett
         raise UserError(missing_report(missing, f"cannot resume the run in {run_dir}"))
     for f in found:
         if f.moved:
-            log.info("input moved: %s %s -> %s (%s)", f.flag, f.saved, f.path, f.why)
+            log.info("input moved: %s %s -> %s", f.flag, f.saved, f.path)
+            log.info("input moved: %s: %s", f.flag, f.why)
         if f.remap_missed:
-            log.warning("%s: no %s at %s; using %s (%s)", f.remap_missed, f.flag, f.looked_in[0], f.path,
-                        f.why or "its saved path")
+            log.warning("%s: no %s at %s; using %s", f.remap_missed, f.flag, f.looked_in[0], f.path)
+            log.warning("(%s)", f.why or "its saved path")
     for old, new in remaps:
         if not any(rebase(f.saved, old, new) for f in found):
             log.warning("--data-root %s=%s matched none of the saved input paths (%s)", old, new,

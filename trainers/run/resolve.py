@@ -28,6 +28,7 @@ from trainers.errors import UserError
 from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
 from trainers.families.checks import refuse_other_tokenizer
 from trainers.hardware.detect import library_versions
+from trainers.log_lines import log_fitting
 from trainers.model.demo_base import BASE_NAME
 from trainers.model.gpt_model import GPTConfig
 from trainers.model.vocabulary import Vocabulary
@@ -201,10 +202,12 @@ def _branch_of(saved: SavedRun | None, run_dir: Path) -> str | None:
         return None  # the same run (checked before): it simply continues here
     origin = f"run {saved.run_id or '(no identity)'} at step {saved.checkpoint.step} ({saved.path})"
     if saved.branch_id:
-        log.info("continuing the branch %s of %s in %s (stopped before its first save); that run is left as it is",
-                 saved.branch_id, origin, run_dir)
+        log_fitting(log, f"continuing the branch {saved.branch_id} of {origin} in {run_dir}",
+                    f"continuing the branch {saved.branch_id} in {run_dir}", f"(a branch of {origin})")
+        log.info("(stopped before its first save); that run is left as it is")
     else:
-        log.info("starting a branch of %s in %s; that run is left as it is", origin, run_dir)
+        log.info("starting a branch of %s in %s", origin, run_dir)
+        log.info("that run is left as it is")
     return f"branched from {origin}"
 
 
@@ -224,10 +227,9 @@ def _batch_within_data(cfg: TrainConfig, n_train: int) -> TrainConfig:
     if cfg.effective_batch <= n_train:
         return cfg
     of = f"--train-samples {cfg.train_samples}" if cfg.train_samples else "the training manifests"
-    log.warning("--effective-batch %d is more than the %d training samples (%s): every step holds all %d, one step "
-                "per epoch", cfg.effective_batch, n_train, of, n_train)
-    log.warning("training with effective batch %d: every step trains the same samples; pass --effective-batch %d "
-                "(or add data) to silence this", n_train, n_train)
+    log.warning("--effective-batch %d is more than the %d training samples (%s)", cfg.effective_batch, n_train, of)
+    log.warning("training with effective batch %d: every step holds all %d, one step per epoch", n_train, n_train)
+    log.warning("pass --effective-batch %d (or add data) to silence this", n_train)
     return replace(cfg, effective_batch=n_train)
 
 
@@ -348,10 +350,12 @@ def _saved_hardware_settings(saved: SavedRun, machine: str, given: dict[str, Any
         return {}
     flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in sorted(chosen.items()))
     if saved.machine == machine:
-        log.info("reusing %s saved with this run (same machine: %s)", flags, machine)
+        log.info("reusing %s saved with this run", flags)
+        log.info("(same machine: %s)", machine)
         log.info("to change it, pass the flag again (0 or auto: the automatic choice)")
         return chosen
-    log.info("not reusing %s: the run saved it on %s, this is %s", flags, saved.machine or "an unknown machine", machine)
+    log.info("not reusing %s: the run saved it on another machine", flags)
+    log.info("(%s; this is %s)", saved.machine or "an unknown machine", machine)
     log.info("choosing automatically; pass the flags to set them")
     return {}
 
@@ -447,9 +451,9 @@ def _weights_only_start(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun, tex
             f"the tokenizer has {text_tokens} pieces but {saved.path} was trained with {old} text tokens, so training "
             f"starts over at step 0 from its weights; {run_dir} already holds a run ({found.name}) that this would "
             "overwrite. Pass a new --output-dir (nothing was changed)")
-    log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens: starting a NEW run at step 0 "
-                "from its model weights only (fresh optimizer, learning-rate schedule and loss scaler; data order from "
-                "the start). If you meant to continue that run, pass the tokenizer it was trained with", text_tokens,
-                saved.path, old)
+    log.warning("the tokenizer has %d pieces but %s was trained with %d text tokens:", text_tokens, saved.path, old)
+    log.warning("starting a NEW run at step 0 from its model weights only (fresh optimizer, learning-rate")
+    log.warning("schedule and loss scaler; data order from the start). If you meant to continue that run,")
+    log.warning("pass the tokenizer it was trained with")
     rederived = {k: getattr(TrainConfig, k) for k in ("lr_decay_steps", "freeze_base_vocab") if k not in cmd.given}
     return replace(cfg, base_checkpoint=str(saved.path), **rederived)

@@ -13,6 +13,7 @@ from trainers.data.manifest_changes import consequence, describe_changes, saved_
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.hardware.detect import library_versions
+from trainers.log_lines import log_fitting
 from trainers.run.resolve import RunConfig
 
 log = logging.getLogger("train")
@@ -29,7 +30,9 @@ def refuse_breaking_changes(cfg: RunConfig, ckpt: schema.Checkpoint, path: Path,
     saved = TrainConfig.from_dict(saved_settings(ckpt.settings))
     changes = compare(saved, cfg.settings, ckpt.fingerprints, cfg.fingerprints)
     for change in changes:
-        log.info("setting differs from the saved run: %s", change.describe())
+        name, before, now, tag = change.parts()
+        log_fitting(log, f"setting differs from the saved run: {change.describe()}",
+                    f"setting differs from the saved run: {name} ({tag})", f"  saved {before}", f"  now {now}")
     breaking = [c for c in changes if c.breaks_exactness]
     # Another --lora-rank changes what the checkpoint must hold: no flag makes its model section fit this model.
     rank_change = any(c.key == "lora_rank" for c in breaking)
@@ -98,7 +101,8 @@ def restore(checkpoints: Checkpointer, ckpt: schema.Checkpoint, path: Path, forc
         raise UserError("\n".join([f"{path} fails the resume checks:", *[f"  {p}" for p in problems],
                                    "pass --force-resume to continue anyway (the result will differ)"]))
     for p in problems:
-        log.warning("continuing despite a failed resume check (--force-resume): %s", p)
+        log.warning("continuing despite a failed resume check (--force-resume):")
+        log.warning("  %s", p)
     checkpoints.restore(ckpt)
     if ckpt.versions != library_versions():
         log.warning("library versions differ from the saved run (%s now %s): results stay correct but may not be "

@@ -28,6 +28,7 @@ import yaml
 from trainers.checkpoint import schema
 from trainers.checkpoint.recovery import newest_intact
 from trainers.checkpoint.step_files import CheckpointManager
+from trainers.log_lines import log_fitting
 from trainers.config.flags import CommandLine
 from trainers.config.inference_keys import INFERENCE_KEYS, missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
@@ -129,10 +130,12 @@ def warn_new_run(run_dir: Path, existed: bool = True) -> None:
     `existed`: whether the directory was there before this trainer locked (and so created) it."""
     where = "does not exist" if not existed else "holds no checkpoint and no run_config.json"
     near = similar_runs(run_dir)
-    log.warning("--resume auto: %s %s, so a NEW run starts there at step 0. %s", run_dir, where,
-                f"Runs next to it with similar names: {'; '.join(near)}. If you meant one of them, stop this trainer "
-                "(Ctrl-C) and pass its --output-dir" if near else
-                "If you meant to continue a run, stop this trainer (Ctrl-C) and check --output-dir")
+    log.warning("--resume auto: %s %s, so a NEW run starts there at step 0.", run_dir, where)
+    if near:
+        log.warning("runs next to it with similar names: %s", "; ".join(near))
+        log.warning("if you meant one of them, stop this trainer (Ctrl-C) and pass its --output-dir")
+    else:
+        log.warning("if you meant to continue a run, stop this trainer (Ctrl-C) and check --output-dir")
 
 
 def similar_runs(run_dir: Path, limit: int = 3) -> list[str]:
@@ -191,8 +194,8 @@ def read_saved_run(run_dir: Path, checkpoint: Path | None, resume: str | None) -
                 ckpt = schema.read(checkpoint)
         except CheckpointError as exc:
             raise UserError(str(exc)) from None
-        log.info("resuming from %s (step %d, epoch %d, step %d of that epoch; %s)", checkpoint, ckpt.step, ckpt.epoch,
-                 ckpt.step_in_epoch, ckpt.integrity)
+        where = f"resuming from {checkpoint} (step {ckpt.step}, epoch {ckpt.epoch}, step {ckpt.step_in_epoch} of that epoch;"
+        log_fitting(log, f"{where} {ckpt.integrity})", where, f"{ckpt.integrity})")
         key, machine = run_plan.checkpoint_key(ckpt), ckpt.machine
         if resume == "auto":  # a continuation stopped before its first save: the plan it accepted
             path = run_dir / RUN_CONFIG_NAME
@@ -232,8 +235,9 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
     run_id, branch = str(data.get("run_id") or ""), run_plan.recorded_branch(data)
     if branch is not None and (data.get(run_plan.PLAN_KEY) or {}).get("continues") == branch["continues"]:
         return _unsaved_branch(run_dir, data, branch)
-    log.info("--resume auto: %s has no checkpoint yet; starting from step 0 with the settings in %s%s", run_dir,
-             RUN_CONFIG_NAME, f" ({branch.get('history')})" if branch else "")  # a LoRA branch starts at step 0
+    log.info("--resume auto: %s has no checkpoint yet: step 0, with the settings in %s", run_dir, RUN_CONFIG_NAME)
+    if branch:  # a LoRA branch starts at step 0
+        log.info("(%s)", branch.get("history"))
     return SavedRun(saved_settings(settings), data.get("machine"), run_id, branch_id=run_id if branch else "",
                     branch=branch)
 
@@ -250,8 +254,8 @@ def _unsaved_branch(run_dir: Path, data: dict[str, Any], branch: dict[str, Any])
                         f"again; or start another branch: in a new --output-dir, or here once {run_dir / RUN_CONFIG_NAME}"
                         " is deleted (the directory holds no checkpoint yet; nothing was changed)")
     path, ckpt = found
-    log.info("--resume auto: %s has no checkpoint yet; continuing its branch (%s) from %s", run_dir,
-             branch.get("history"), path)
+    log.info("--resume auto: %s has no checkpoint yet; continuing its branch from %s", run_dir, path)
+    log.info("(%s)", branch.get("history"))
     ckpt, planned_on = run_plan.continued(ckpt, key, data, run_dir / RUN_CONFIG_NAME, branch=True)
     run_id = str(data.get("run_id") or "")
     return SavedRun(saved_settings(ckpt.settings), planned_on or ckpt.machine, ckpt.run_id, ckpt, path, (), key,
@@ -394,8 +398,8 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
     section, key = tokenizer_key.split(".")
     named = (data.get(section) or {}).get(key)
     if extended and named and Path(named).name != Path(tokenizer).name:
-        log.info("for inference, point %s in %s (now %s) at the extended tokenizer %s", tokenizer_key, path, named,
-                 tokenizer)
+        log.info("for inference, point %s in %s at the extended tokenizer %s", tokenizer_key, path, tokenizer)
+        log.info("(it names %s now)", named)
 
 
 # Temporaries of write_text_atomically (run_config.json, config.yaml, ...) and of demo-data generation.
@@ -414,8 +418,8 @@ def prepare_run_dir(run_dir: Path) -> None:
             shutil.rmtree(entry)
             removed.append(entry)
     if removed:
-        log.info("removed %d unfinished file(s) left by an interrupted trainer: %s", len(removed),
-                 ", ".join(p.name for p in removed))
+        log.info("removed %d unfinished file(s) left by an interrupted trainer:", len(removed))
+        log.info("  %s", ", ".join(p.name for p in removed))
 
 
 def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],

@@ -39,7 +39,6 @@ def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int,
             log.info("%s applies when resuming; this run starts at step 0 with its planned schedule", flag)
         elif end > step and _already_planned(schedule, step, end, cmd):
             log.info("learning rate: the saved schedule already holds this %s continuation; it goes on as saved", flag)
-            log_lines("learning rate: %s", schedule.continuations[-1].describe())
         elif end > step:
             schedule = _extended(schedule, step, end, cmd)
         return schedule
@@ -52,10 +51,12 @@ def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int,
                 f"  --min-lr-ratio R --allow-config-change: train past step {schedule.end_step} at R x the peak rate\n"
                 "or a smaller --max-steps / --epochs (nothing was changed)")
         first = max(step, schedule.end_step) + 1
-        log.warning("training past the end of the learning-rate schedule (step %d): steps %d to %d train at its floor "
-                    "%.4g (--min-lr-ratio %g), the lowest rate of the run. To train them at a higher rate, stop now "
-                    "(Ctrl-C) and resume with one of:\n%s", schedule.end_step, first, end, schedule.floor,
-                    schedule.base.min_lr_ratio, _choices(cfg, schedule, step, end))
+        log.warning("training past the end of the learning-rate schedule, step %d:", schedule.end_step)
+        log.warning("steps %d to %d train at its floor %.4g (--min-lr-ratio %g), the lowest rate of the run", first,
+                    end, schedule.floor, schedule.base.min_lr_ratio)
+        log.warning("to train them at a higher rate, stop now (Ctrl-C) and resume with one of:")
+        for line in _choices(cfg, schedule, step, end).splitlines():
+            log.warning("%s", line)
     return schedule
 
 
@@ -64,12 +65,13 @@ def _choices(cfg: RunConfig, schedule: LRSchedule, step: int, end: int) -> str:
     last = schedule.lr_at(max(0, step - 1))
     peak, rise = schedule.base.base_lr, default_rewarm_steps(schedule, step, end)
     jump = _jump(schedule.lr_at(step), _stretched(cfg, end).lr_at(step))
-    return (f"  --rewarm: the rate rises from its current {last:.4g} back to the peak {peak:.4g} over {rise} steps, "
-            f"then a cosine takes it down to {schedule.floor:.4g} at step {end} (the usual way to train a finished "
-            f"run further; --rewarm-lr and --rewarm-steps change the peak and the rise)\n"
-            f"  --reconfigure-scheduler: no warmup, a cosine from the current {last:.4g} down to {schedule.floor:.4g} "
-            f"at step {end}: the rate never rises above {last:.4g}\n"
-            f"  --lr-decay-steps {end} --allow-config-change: the original cosine stretched to step {end} ({jump})")
+    return (f"  --rewarm: the rate rises from its current {last:.4g} back to the peak {peak:.4g} over {rise} steps,\n"
+            f"    then a cosine takes it down to {schedule.floor:.4g} at step {end} (the usual way to train a finished run\n"
+            f"    further; --rewarm-lr and --rewarm-steps change the peak and the rise)\n"
+            f"  --reconfigure-scheduler: no warmup, a cosine from the current {last:.4g} down to {schedule.floor:.4g}\n"
+            f"    at step {end}: the rate never rises above {last:.4g}\n"
+            f"  --lr-decay-steps {end} --allow-config-change: the original cosine stretched to step {end}\n"
+            f"    ({jump})")
 
 
 def default_rewarm_steps(schedule: LRSchedule, step: int, end: int) -> int:
@@ -79,10 +81,9 @@ def default_rewarm_steps(schedule: LRSchedule, step: int, end: int) -> int:
 
 def _extended(schedule: LRSchedule, step: int, end: int, cmd: CommandLine) -> LRSchedule:
     if cmd.reconfigure_scheduler:
-        schedule = schedule.continued(step, end)
-        log.info("learning rate: a new cosine from step %d down to %.4g at step %d (--reconfigure-scheduler)", step,
-                 schedule.floor, end)
-        log.info("learning rate: it starts at %.4g, the rate of the last step", schedule.lr_at(step))
+        schedule = schedule.continued(step, end)  # the start-up summary states it (trainers/run/setup.py)
+        log.info("learning rate: the first step after the resume trains at %.4g, the rate of the last step",
+                 schedule.lr_at(step))
         return schedule
     peak = cmd.rewarm_lr if cmd.rewarm_lr is not None else schedule.base.base_lr
     rise = cmd.rewarm_steps if cmd.rewarm_steps is not None else default_rewarm_steps(schedule, step, end)
@@ -90,8 +91,7 @@ def _extended(schedule: LRSchedule, step: int, end: int, cmd: CommandLine) -> LR
         raise UserError(f"--rewarm-steps {rise}: this invocation trains {end - step} steps (step {step} to {end}), "
                         f"so the rate would never come down from its peak; pass --rewarm-steps below {end - step}, or "
                         "leave it out for the default (the run's --warmup-steps, at most a quarter of the extension)")
-    schedule = schedule.rewarmed(step, end, peak, rise)
-    log_lines("learning rate: %s", schedule.continuations[-1].describe())
+    schedule = schedule.rewarmed(step, end, peak, rise)  # the start-up summary states it (trainers/run/setup.py)
     log.info("learning rate: the first step after the resume trains at %.4g", schedule.lr_at(step))
     return schedule
 
@@ -114,10 +114,12 @@ def adopt_schedule(saved: LRSchedule, configured: LRSchedule, step: int) -> LRSc
     if saved.base == configured.base:
         return saved
     before, after = saved.lr_at(step), configured.lr_at(step)
-    log.warning("the learning-rate schedule differs from the saved one (%s, now %s): the learning rate of the next "
-                "step is %.4g instead of %.4g (x%.3g)%s", saved.base, configured.base, after, before,
-                after / before if before else float("inf"),
-                "; the saved continuation of the schedule is dropped" if saved.continuations else "")
+    log.warning("the learning-rate schedule differs from the saved one%s",
+                "; its saved continuation is dropped" if saved.continuations else "")
+    log.warning("saved: %s", "; ".join(saved.base.describe()))
+    log.warning("now: %s", "; ".join(configured.base.describe()))
+    log.warning("the learning rate of the next step is %.4g instead of %.4g (x%.3g)", after, before,
+                after / before if before else float("inf"))
     return configured
 
 

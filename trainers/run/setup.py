@@ -27,6 +27,7 @@ from trainers.hardware.detect import Hardware, busy_cpu_note, detect_hardware, p
 from trainers.hardware.determinism import log_determinism, make_deterministic
 from trainers.hardware.plan import HardwarePlan, plan_hardware
 from trainers.hardware.precision import AmpChoice, choose_amp
+from trainers.log_lines import log_fitting
 from trainers.model.frozen_rows import HeldRows
 from trainers.model.weights import GPTWeights
 from trainers.run.build import build_data, build_optimization, build_weights
@@ -199,11 +200,14 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     background = cfg.settings.background_saves
     background = hardware.machine.is_cuda if background is None else background
     # Under torchrun rank 0 alone writes; every process learns how its writes end (rank_zero.MainRankCheckpoints).
+    rng = ProcessRNG()
     checkpoints = Checkpointer(run_dir, cfg.settings.keep_checkpoints, {
-        "model": weights, "optim": optim, "data": data, "progress": progress, "rng": ProcessRNG(), "run": cfg,
+        "model": weights, "optim": optim, "data": data, "progress": progress, "rng": rng, "run": cfg,
         "hardware": hardware}, background=background and world.is_main, room=room)
     if ckpt:
         restore(checkpoints, ckpt, resume.path, cmd.force_resume)
+    else:  # the global generators' states are the run's, as a resume's restored ones are (trainers/training/rng.py)
+        rng.seed(cfg.settings.seed)
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
                           [*([resolution.branch_of] if resolution.branch_of else []), *changes])
 
@@ -246,12 +250,16 @@ def log_summary(run: Run) -> None:
              len(run.weights.carried))
     if isinstance(run.optim.frozen, HeldRows):
         scale = f"; their learning rate x{cfg.new_rows_lr_scale:g}" if cfg.new_rows_lr_scale != 1.0 else ""
-        log.info("--new-language %s: rows %s train, every other row of these tables is held bit-identical%s",
-                 ",".join(cfg.new_languages), run.optim.frozen.describe(), scale)
+        parts, langs = run.optim.frozen.parts(), ",".join(cfg.new_languages)
+        for first in range(0, len(parts), 2):  # two tables a line
+            log.info("--new-language %s: rows %s", langs, ", ".join(parts[first:first + 2]))
+        log.info("--new-language %s: these rows train, every other row of their tables is held bit-identical", langs)
+        if scale:
+            log.info("--new-language %s%s", langs, scale)
     elif run.optim.frozen:
-        log.info("vocabulary: %d text tokens, base %d; the %d base rows of text_embedding and text_head are frozen "
-                 "(--no-freeze-base-vocab trains them too)", vocab.text_tokens, vocab.base_text_tokens,
-                 run.optim.frozen.rows)
+        log.info("vocabulary: %d text tokens, base %d", vocab.text_tokens, vocab.base_text_tokens)
+        log.info("vocabulary: the %d base rows of text_embedding and text_head are frozen", run.optim.frozen.rows)
+        log.info("vocabulary: --no-freeze-base-vocab trains them too")
     elif vocab.extended:
         log.info("vocabulary: %d text tokens, base %d; base rows are trained too (--no-freeze-base-vocab)",
                  vocab.text_tokens, vocab.base_text_tokens)
@@ -265,8 +273,9 @@ def log_summary(run: Run) -> None:
         log.info("batch: %s (%s)", split, plan.split.reason)
         log.info("batch: process r takes samples r, r+%d, r+%d, ... of each step", run.world.size, 2 * run.world.size)
     else:
-        log.info("batch: effective batch %d = micro-batch %d x accumulation %d (%s)", cfg.effective_batch,
-                 plan.split.micro_batch, plan.split.accumulation, plan.split.reason)
+        split = f"batch: effective batch {cfg.effective_batch} = micro-batch {plan.split.micro_batch} x accumulation " \
+            f"{plan.split.accumulation}"
+        log_fitting(log, f"{split} ({plan.split.reason})", split, f"batch: ({plan.split.reason})")
     steps = run.data.steps_per_epoch
     log.info("epoch: %d step%s, %s order", steps, "" if steps == 1 else "s", cfg.data_order)
     amp = AmpChoice(plan.amp_dtype, plan.amp_reason)
@@ -279,8 +288,7 @@ def log_summary(run: Run) -> None:
                         run.model.prefix_len + gpt.max_text_tokens + 2 + gpt.max_mel_tokens + 2)
     schedule = run.optim.schedule
     log.info("run directory %s", run.cfg.run_dir)
-    first, *more = schedule.describe()
-    log.info("training to step %d; learning rate: %s", run.total_steps, first)
-    log_lines("learning rate: %s", more)
+    log.info("training to step %d", run.total_steps)
+    log_lines("learning rate: %s", schedule.describe(run.progress.step))  # a resume's part in force, not the history
     if run.total_steps > schedule.end_step:
         log.info("learning rate: the floor %.4g from step %d on", schedule.floor, schedule.end_step)

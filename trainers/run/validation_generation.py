@@ -72,8 +72,9 @@ class ValidationGeneration(ValidationListener):
         interval = s.sample_interval
         if not interval or loader is None:
             if world.is_main and not interval and s.sample_temperature:
-                log.warning("--sample-temperature %g has no effect: generation at validation is off; pass "
-                            "--sample-interval N to generate samples", s.sample_temperature)
+                log.warning("--sample-temperature %g has no effect: generation at validation is off;",
+                            s.sample_temperature)
+                log.warning("pass --sample-interval N to generate samples")
             elif world.is_main and interval:
                 log.warning("--sample-interval %d has no effect without a validation set: pass --val-manifest FILE "
                             "to generate samples", interval)
@@ -101,7 +102,7 @@ class ValidationGeneration(ValidationListener):
         metrics = generation_metrics(codes, stopped, self.ref_lengths, self.chosen.languages)  # alike in every process
         if self.store is not None:
             self.pending = (codes, stopped, metrics)
-        v.log.report(v.step, metrics, [generation_line(v.step, metrics, time.perf_counter() - t0)], fields=metrics)
+        v.log.report(v.step, metrics, generation_lines(v.step, metrics, time.perf_counter() - t0), fields=metrics)
         v.means.update(metrics)
 
     def settled(self, v: Validation) -> None:
@@ -150,8 +151,10 @@ class ValidationGeneration(ValidationListener):
                 error = oom_message(exc)
             release_memory(device)  # outside the except block, whose traceback holds the failed batch
             self.batch = halved(size, "generation at validation", error)
-            log.warning("out of memory while generating samples at step %d (%s): generating in batches of %d from "
-                        "here on (--val-batch-size sets where generation starts)", step, error, self.batch)
+            log.warning("out of memory while generating samples at step %d: batches of %d from here on", step,
+                        self.batch)
+            log.warning("cause: %s", error)
+            log.warning("(--val-batch-size sets where generation starts)")
         table = self.world.combine_parts(table, "generation at validation")
         return [row[2: 2 + int(row[0])].clone() for row in table], [bool(row[1]) for row in table]
 
@@ -182,18 +185,20 @@ class ValidationGeneration(ValidationListener):
         try:
             path = self.store.write(sample_set, protect=[best_step] if best_step is not None else [])
         except OSError as exc:  # a listening aid is not worth a checkpoint: the run saves and trains on
-            log.warning("could not write the sample set of step %d, %s: %s. Training goes on and its checkpoints are "
-                        "saved; free disk space or move away what is in the set's place to have the next sets written",
-                        step, self.store.path_of(step), exc)
+            log.warning("could not write the sample set of step %d, %s:", step, self.store.path_of(step))
+            log.warning("  %s", exc)
+            log.warning("training goes on and its checkpoints are saved; free disk space or move away what is")
+            log.warning("in the set's place to have the next sets written")
             return
         log.info("generation step %d: %d samples written to %s", step, len(codes), path)
 
 
-def generation_line(step: int, metrics: dict[str, float], seconds: float) -> str:
-    return (f"generation step {step} stop_rate {metrics['gen/stop_rate']:.3f} length_ratio_median "
-            f"{metrics['gen/length_ratio_median']:.3f} length_error_median {metrics['gen/length_error_median']:.3f} "
-            f"longest_run_median {metrics['gen/longest_run_median']:.1f} samples {int(metrics['gen/samples'])} "
-            f"seconds {seconds:.2f}")
+def generation_lines(step: int, metrics: dict[str, float], seconds: float) -> list[str]:
+    """Two lines, each within 120 characters."""
+    return [f"generation step {step} stop_rate {metrics['gen/stop_rate']:.3f} length_ratio_median "
+            f"{metrics['gen/length_ratio_median']:.3f} length_error_median {metrics['gen/length_error_median']:.3f}",
+            f"generation step {step} longest_run_median {metrics['gen/longest_run_median']:.1f} samples "
+            f"{int(metrics['gen/samples'])} seconds {seconds:.2f}"]
 
 
 def sample_seed(seed: int, position: int) -> int:

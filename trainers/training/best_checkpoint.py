@@ -8,6 +8,7 @@ included; one that is not `eligible` (the forgetting guard's) counts as one with
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from trainers.training.forgetting import higher_is_better
@@ -70,9 +71,11 @@ class EarlyStopping(ValidationListener):
         if not self.spent():
             return None
         best = v.best or {}
-        return (f"early stop at step {v.step}: {self.stale} validations in a row without a better {self.of.metric} "
-                f"than {best.get('value')} at step {best.get('step')} (--early-stop-patience {self.patience}); "
-                "best.pth holds that step. To train on, resume with a larger --early-stop-patience")
+        return "\n".join([
+            f"early stop at step {v.step}: {self.stale} validations without a better {self.of.metric} "
+            f"(--early-stop-patience {self.patience})",
+            f"best.pth holds step {best.get('step')}, the best {self.of.metric}: {best.get('value', math.nan):.4f}",
+            "to train on, resume with a larger --early-stop-patience"])
 
     def halted(self, step: int) -> str | None:
         best = self.of.best
@@ -82,8 +85,8 @@ class EarlyStopping(ValidationListener):
             self.stale = 0
         if not self.spent():
             return None
-        return (f"the run stopped early at step {step} after {self.stale} validations without a new best; pass a "
-                "larger --early-stop-patience to continue")
+        return (f"the run stopped early at step {step} after {self.stale} validations without a new best\n"
+                "to continue, pass a larger --early-stop-patience")
 
     def state_dict(self) -> int:
         return self.stale

@@ -87,7 +87,7 @@ class Guard:
         return cls(settings.forgetting_limit, settings.forgetting_metric, languages, settings.forgetting_stop)
 
     def describe(self) -> str:
-        return f"--forgetting-limit {self.limit:g} on {self.metric} of {', '.join(self.languages)}"
+        return f"--forgetting-limit {self.limit:g} ({_percent(self.limit, sign=False)}) on {self.metric}"
 
 
 def language_problems(guard: Guard, validated: Sequence[str], validated_count: int) -> list[str]:
@@ -118,9 +118,10 @@ class Breach:
     now: float
     rise: float
 
-    def describe(self, limit: float) -> str:
-        return (f"language {self.language} {self.metric} {self.base:.4f} at base (step {self.base_step}), now "
-                f"{self.now:.4f}, {_percent(self.rise)} worse > {_percent(limit, sign=False)}")
+    def describe(self) -> str:
+        """Within a log line: at most about 60 characters."""
+        return (f"{self.language} {self.metric} {self.now:.4f}, {_percent(self.rise)} worse than {self.base:.4f} at step "
+                f"{self.base_step}")
 
 
 def _percent(fraction: float, sign: bool = True) -> str:
@@ -153,20 +154,21 @@ class Forgetting(ValidationListener):
         """--forgetting-stop after a validation past the limit."""
         if not self.stops(self.guard):
             return None
-        past = "; ".join(b.describe(self.guard.limit) for b in self.breaches(self.guard) or [])
-        return (f"forgetting stop at step {v.step}: {past} (--forgetting-limit {self.guard.limit:g}). best.pth holds "
-                f"step {(v.best or {}).get('step')}, the best {self.best_metric} among the validations within the limit; "
-                f"the last validation within it was step {self.within_step}. To train on, resume with a larger "
-                "--forgetting-limit or --no-forgetting-stop")
+        return "\n".join([
+            f"forgetting stop at step {v.step}: past {self.guard.describe()}",
+            *(f"forgetting stop: {b.describe()}" for b in self.breaches(self.guard) or []),
+            f"best.pth holds step {(v.best or {}).get('step')}, the best {self.best_metric} among the validations "
+            "within the limit",
+            f"the last validation within the limit was step {self.within_step}",
+            "to train on, resume with a larger --forgetting-limit or with --no-forgetting-stop"])
 
     def halted(self, step: int) -> str | None:
         breaches = self.breaches(self.guard) if self.guard.stop else None
         if not breaches:
             return None
-        past = "; ".join(b.describe(self.guard.limit) for b in breaches)
-        return (f"the run stopped at step {step}: its last validation (step {self.last['step']}) is past "
-                f"--forgetting-limit {self.guard.limit:g} ({past}); pass a larger --forgetting-limit or "
-                "--no-forgetting-stop to continue")
+        return "\n".join([f"the run stopped at step {step}, past {self.guard.describe()}",
+                          *(f"forgetting stop: {b.describe()}" for b in breaches),
+                          "to continue, pass a larger --forgetting-limit or --no-forgetting-stop"])
 
     def measure(self, step: int, figures: Figures, guard: Guard) -> "Measured":
         """Record a validation: the base figures of languages seen for the first time, the changes, the verdict."""
@@ -249,24 +251,24 @@ class Measured:
             return []
         out = []
         if self.first:
-            out.append(f"forgetting step {self.step}: base figures recorded for {', '.join(self.first)}; later "
-                       "validations are measured against them")
+            out.append(f"forgetting step {self.step}: base figures of {', '.join(self.first)} recorded; later validations "
+                       "compare with them")
         for lang, change in sorted(self.changes.items()):
             if change["base_step"] == self.step:
                 continue
-            parts = [f"{m} {change[m]:+.4f} ({_percent(change[m + '_rel'])})" for m in LOSS_METRICS if m in change]
+            # The relative changes only, so the line fits in 120 characters; the absolute ones are in TensorBoard
+            # (val/LANG/*_change) and the history.
+            parts = [f"{m} {_percent(change[m + '_rel'])}" for m in LOSS_METRICS if m in change]
             mark = " [base]" if lang in self.guard.languages else ""
-            out.append(f"forgetting step {self.step} language {lang}{mark} vs step {change['base_step']}: "
-                       + " ".join(parts))
+            out.append(f"forgetting step {self.step} {lang}{mark} vs step {change['base_step']}: " + " ".join(parts))
         return out
 
     def warnings(self) -> list[str]:
-        if self.breaches:
-            return [f"forgetting past {self.guard.describe()} at step {self.step}: {b.describe(self.guard.limit)}; "
-                    "best.pth is not taken from this validation. Raise the replay share of that language "
-                    "(--train-manifest F::LANG@SHARE), lower --learning-rate, or stop at best.pth"
-                    for b in self.breaches]
-        return []
+        if not self.breaches:
+            return []
+        return [*(f"forgetting at step {self.step}: {b.describe()}" for b in self.breaches),
+                f"step {self.step} is past {self.guard.describe()}: best.pth is not taken from it",
+                "replay more (--train-manifest F::LANG@SHARE), lower --learning-rate, or stop at best.pth"]
 
     def fields(self) -> dict[str, Any]:
         """What the validation's history entry gains."""

@@ -164,10 +164,11 @@ class LRSchedule:
         rewarm = Rewarm(step, end_step, start_lr, peak_lr, warmup_steps, self.floor)
         return LRSchedule(self.base, (*self.continuations, rewarm))
 
-    def describe(self) -> tuple[str, ...]:
-        """The whole schedule in words, a log line's worth each (lines of at most 120 characters), for the start-up
-        summary."""
-        return (*self.base.describe(), *(line for c in self.continuations for line in c.describe()))
+    def describe(self, step: int = 0) -> tuple[str, ...]:
+        """The part of the schedule in force from `step` on (the last continuation begun by then, or the base) in
+        words, a log line's worth each (lines of at most 120 characters), for the start-up summary."""
+        part = next((c for c in reversed(self.continuations) if c.start_step <= step), self.base)
+        return part.describe()
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "warmup_cosine", **asdict(self.base),

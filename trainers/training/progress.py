@@ -50,6 +50,7 @@ class TrainingProgress:
             self.interval.load_state_dict(state["interval"])
         else:
             self.interval.clear()
-            log.info("the checkpoint of step %d holds no open log interval (written by an earlier version): the "
-                     "first train metrics logged after this resume average only the steps from %d on", self.step,
+            log.info("the checkpoint of step %d holds no open log interval (written by an earlier version):",
+                     self.step)
+            log.info("the first train metrics logged after this resume average only the steps from %d on",
                      self.step + 1)

@@ -179,6 +179,11 @@ class _QuietTensorBoardThread:
         self.previous(args)
 
     def restore(self) -> None:
+        # A writer thread that failed may not have reached the hook yet (the error is stored before it is raised):
+        # it ends at once, so let it pass the hook first.
+        for thread in threading.enumerate():
+            if type(thread).__name__ == "_AsyncWriterThread" and getattr(thread, "exception", None) is not None:
+                thread.join(timeout=5)
         threading.excepthook = self.previous
 
 
@@ -196,8 +201,12 @@ class TrainLog:
 
         # purge_step drops events a killed run wrote after the checkpoint we resume from.
         _after_the_newest_event_file(self.run_dir / "logs")
-        self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=self.start_step + 1)
-        self._quiet = _QuietTensorBoardThread()
+        self._quiet = _QuietTensorBoardThread()  # first: the writer's constructor already writes, in its thread
+        try:
+            self.writer = SummaryWriter(str(self.run_dir / "logs"), purge_step=self.start_step + 1)
+        except BaseException:
+            self._quiet.restore()  # close() is never called on a log that did not open
+            raise
         self.sample_ids_path = self.run_dir / "sample_ids.tsv"
         if self.record_sample_ids:
             _truncate_sample_ids(self.sample_ids_path, self.start_step)

@@ -195,9 +195,9 @@ FORMS = ManifestForms(
     ".npy line has target_text_ids_path, target_codes_path and prompt_spk_emb_path, a single one text_ids_path, "
     "codes_path and spk_emb_path",
     count_text_ids=count_text_ids,
-    dropped_note=("{samples} samples' text ids hold ids 0 or 1 ({ids} in all; in the tiktoken vocabulary the ranks of "
-                  "'!' and '\"'), which IndexTTS-2.5 inference drops from the text before the model sees it: the "
-                  "trainer drops them too, and counts each sample's text without them"),
+    dropped_note=("{samples} samples' text ids hold ids 0 or 1 ({ids} in all)\n"
+                  "(the tiktoken ranks of '!' and '\"'): IndexTTS-2.5 inference drops them from the text before the\n"
+                  "model sees it, and so does the trainer (it counts each sample's text without them)"),
     language_problem=language_problem,
     text_language=text_language,
     archive_arrays=archive_arrays,
