@@ -8,11 +8,13 @@ trainer handles (SIGTERM, SIGINT) and refusals run in this process (tests/demo_r
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,11 +124,21 @@ def test_a_finished_run_resumed_with_fewer_checkpoints_kept_keeps_that_many(demo
     assert again.returncode == 0 and final_state(out).step == 4, again.stderr
 
 
+def scramble_global_generators(seed: int) -> None:
+    """The global generators as another process would start them (numpy, Python and torch seed from the OS):
+    the states a checkpoint saves must be the run's all the same (assert_same_training compares them)."""
+    np.random.seed(seed)
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def test_sigterm_saves_at_the_step_boundary_and_resumes_exactly(demo_assets, reference, tmp_path):
     out = tmp_path / "run"
+    scramble_global_generators(1)
     stopped = train_here(out, *demo_assets, *COMMON, kill_at="SIGTERM@micro:9:0")
     assert stopped.returncode == 143, stopped.stderr
     assert final_state(out).step == 9  # the step in progress was finished, then saved
+    scramble_global_generators(2)
     resumed = train_here(out, "--resume", "auto")
     assert resumed.returncode == 0, resumed.stderr
     assert_same_training(reference, out, STEPS)
