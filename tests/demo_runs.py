@@ -177,6 +177,16 @@ def assert_lines_fit(text: str) -> None:
     assert not long, f"{len(long)} log line(s) over {LINE_LIMIT} characters:\n" + "\n".join(long)
 
 
+def assert_output_fits(text: str, *places: Path) -> None:
+    """Every line a tool printed (indextts-prepare's output has no log levels) at most 120 characters, a path under
+    one of `places` counted as RUN (the user's paths are what they are). tqdm's bar is not drawn without a terminal,
+    so no line is the terminal's width."""
+    for place in places:
+        text = text.replace(str(place), "RUN")
+    for line in text.splitlines():
+        assert len(line) <= LINE_LIMIT, line
+
+
 def final_state(out: Path) -> schema.Checkpoint:
     return schema.read(out / "latest.pth")
 

@@ -245,7 +245,8 @@ def test_a_corrupt_latest_and_its_step_twin_fall_back_to_the_previous_step(parti
     with caplog.at_level(logging.WARNING, logger="train"):
         found, moved = fall_back(run)
     assert found.path == run / "model_step8.pth" and found.checkpoint.step == 8
-    assert "latest.pth (= model_step12.pth)" in caplog.text and f"tensor model/{key} differs" in caplog.text
+    said = " ".join(m.strip() for m in caplog.messages)  # the reason is wrapped over lines of its own
+    assert "latest.pth (= model_step12.pth)" in said and f"tensor model/{key} differs" in said
     assert (run / "model_step12.pth.corrupt").read_bytes() == damaged  # kept, byte for byte
     assert moved[0].moved_to == [run / "model_step12.pth.corrupt"]
     mgr = CheckpointManager(run, keep=3)

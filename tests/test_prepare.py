@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.demo_runs import assert_lines_fit
+from tests.demo_runs import assert_output_fits
 from tests.prepare_data import assert_same_output, corpus, flags, prepare_here
 from trainers.data.demo_corpus import _sentence, _train_tokenizer, front_end
 from trainers.tools.prepare.backend import BackendRequest, Clip, Features, check_features
@@ -90,7 +90,7 @@ def test_two_shards_merged_equal_one_process(corpora, tmp_path, family):
     two = tmp_path / "two"
     first = prepare_here(*flags(listing, tokenizer, config, two, "--shard", "1/2"))
     assert first.returncode == 0 and "shard 1/2 is done" in first.stdout, first.stdout + first.stderr
-    assert_lines_fit(first.stdout + first.stderr, tmp_path, listing.parent)
+    assert_output_fits(first.stdout + first.stderr, tmp_path, listing.parent)
     assert not (two / "train_pairs.jsonl").exists()
     second = prepare_here(*flags(listing, tokenizer, config, two, "--shard", "2/2"))
     assert second.returncode == 0 and "kept 16 utterances" in second.stdout, second.stderr
@@ -126,7 +126,7 @@ def test_out_of_memory_halves_the_batch_and_the_output_stays_the_same(corpora, t
     assert halved.returncode == 0, halved.stderr
     assert "out of memory with 8 clips, redone in halves; later batches hold half" in halved.stderr
     assert "out of memory with 4 clips, redone in halves" in halved.stderr
-    assert_lines_fit(halved.stderr + halved.stdout, tmp_path, corpora["indextts2"][0].parent)
+    assert_output_fits(halved.stderr + halved.stdout, tmp_path, corpora["indextts2"][0].parent)
     assert_same_output(tmp_path / "plain", tmp_path / "halved", exact=False)
     stopped = prepare_here(*flags(listing, tokenizer, config, tmp_path / "stopped"),
                            env={"INDEXTTS_PREPARE_OOM_ABOVE": "0"})

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.demo_runs import assert_lines_fit
+from tests.demo_runs import assert_output_fits
 from tests.prepare_data import corpus, flags, prepare_here
 from trainers.errors import UserError
 from trainers.tools.prepare.audio import AudioLoader, audio_info, read_audio
@@ -208,7 +208,7 @@ def test_every_bad_line_is_reported_skipped_and_counted_and_nothing_of_it_is_wri
     assert summary["converted"]["mixed_to_mono"] == 1 + 2 and 8000 in summary["converted"]["from_rates"]
     assert "skipped 16 lines (each in skipped.txt): malformed line 3, audio empty 2, audio unreadable 2" in \
         result.stdout
-    assert_lines_fit(result.stdout + result.stderr + "\n".join(skipped), folder, out, listing.parent)
+    assert_output_fits(result.stdout + result.stderr + "\n".join(skipped), folder, out, listing.parent)
     kept = {r["id"] for name in ("train_utterances.jsonl", "val_utterances.jsonl") if (out / name).exists()
             for r in map(json.loads, (out / name).read_text().splitlines())}
     assert kept == {r["id"] for r in good} | {"stereo", "8k"}

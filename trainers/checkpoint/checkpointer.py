@@ -161,8 +161,8 @@ class Checkpointer:
         gc.collect()  # what start-up dropped (a resumed checkpoint's host copy) is given back before measuring
         sizes = self.snapshot_sizes()
         mode = choose_save_mode(sizes, host_memory(), loader_workers, trainers)
-        if mode.message:
-            (log.warning if not mode.background else log.info)("%s", mode.message)
+        for line in mode.message.splitlines():
+            (log.warning if not mode.background else log.info)("%s", line)
         self.writer.background = mode.background
         if mode.background:
             if not mode.pinned:

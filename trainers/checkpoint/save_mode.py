@@ -35,7 +35,7 @@ WORKER_BYTES = GiB // 2
 class SaveMode:
     background: bool
     pinned: bool
-    message: str = ""  # why the mode differs from the one asked for; "" when it does not
+    message: str = ""  # why the mode differs from the one asked for, a log line a line; "" when it does not
 
 
 def choose_save_mode(sizes: list[tuple[int, bool]], host: HostMemory | None, loader_workers: int,
@@ -48,16 +48,16 @@ def choose_save_mode(sizes: list[tuple[int, bool]], host: HostMemory | None, loa
     keep = trainers * HEADROOM_BYTES + loader_workers * WORKER_BYTES
     room = host.available - keep
     copy = reserved_bytes([(n, False) for n, _ in sizes])
-    kept = (f"{host.describe()}, less {keep / GiB:.1f} GiB kept for torch"
+    kept = (f"{host.describe()},\nless {keep / GiB:.1f} GiB kept for torch"
             f"{f' in {trainers} trainer processes' if trainers > 1 else ''} and {loader_workers} data-loader "
             f"process(es)")
     if reserved_bytes(sizes) <= room:
         return SaveMode(True, pinned)
     if pinned and copy <= room:
         return SaveMode(True, False, f"background saves copy into pageable host memory: pinned buffers would take "
-                                     f"{reserved_bytes(sizes) / GiB:.2f} GiB and the host has {kept}; the copies "
-                                     f"are slower, nothing else changes")
-    return SaveMode(False, False, f"checkpoint saves are synchronous (the loop waits for each write): a background "
-                                  f"save keeps a {copy / GiB:.2f} GiB copy of the state in host memory for the whole "
-                                  f"run and the host has {kept}. A synchronous save holds that copy only while it "
-                                  f"writes. For background saves, free host memory or use a machine with more RAM")
+                                     f"{reserved_bytes(sizes) / GiB:.2f} GiB\nand the host has {kept}\nthe "
+                                     "copies are slower, nothing else changes")
+    return SaveMode(False, False, f"checkpoint saves are synchronous (the loop waits for each write): a background save "
+                                  f"keeps\na {copy / GiB:.2f} GiB copy of the state in host memory for the whole run and "
+                                  f"the host has\n{kept}\na synchronous save holds that copy only while it writes; for "
+                                  "background saves,\nfree host memory or use a machine with more RAM")

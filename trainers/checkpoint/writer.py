@@ -212,15 +212,18 @@ class CheckpointWriter:
                             "pinned" if any(p for _, p in wanted) else "pageable", time.perf_counter() - t0)
                 return
             self.pin_memory = False
-            logger.warning("could not pin host memory for checkpoint snapshots (%s): background saves copy into "
-                           "%.2f GiB of pageable memory instead, which is slower; nothing to do unless the "
-                           "copies stall training (then free host memory)", refused[0], gib)
+            logger.warning("could not pin host memory for checkpoint snapshots:")
+            logger.warning("  %s", refused[0])
+            logger.warning("background saves copy into %.2f GiB of pageable memory instead, which is slower;", gib)
+            logger.warning("nothing to do unless the copies stall training (then free host memory)")
             return
         self.background = False
-        logger.warning("could not reserve host memory for checkpoint snapshots (%s): checkpoint saves are "
-                       "synchronous from now on (the loop waits for each write, and the host copy is made only "
-                       "while writing); free host memory to have background saves at the next start",
-                       "; ".join(refused))
+        logger.warning("could not reserve host memory for checkpoint snapshots:")
+        for reason in refused:
+            logger.warning("  %s", reason)
+        logger.warning("checkpoint saves are synchronous from now on (the loop waits for each write,")
+        logger.warning("and the host copy is made only while writing);")
+        logger.warning("free host memory to have background saves at the next start")
 
     def _join(self) -> None:
         thread = self._thread

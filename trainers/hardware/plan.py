@@ -87,8 +87,9 @@ class HardwarePlan:
         if state["amp_dtype"] != str(self.amp_dtype):
             log.info("mixed precision changed from %s to %s", state["amp_dtype"], self.amp_dtype)
         if state.get("world_size", 1) != self.world_size:
-            log.info("the checkpoint was written by %d process(es), this run has %d: each step keeps its samples, "
-                     "they are only divided differently", state.get("world_size", 1), self.world_size)
+            log.info("the checkpoint was written by %d process(es), this run has %d:", state.get("world_size", 1),
+                     self.world_size)
+            log.info("each step keeps its samples, they are only divided differently")
 
 
 def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, samples: SampleTable,
