@@ -8,18 +8,28 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 logger = logging.getLogger(__name__)
+
+
+def write_fsynced(tmp: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Create `tmp`, fill it with `write(file)` and fsync it, for the caller to rename into place. An ordinary
+    failure (disk full, an unpicklable object) leaves no stray temporary; a SIGKILL cannot get here."""
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_text_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text` so a reader (or a kill) never sees a half-written file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    write_fsynced(tmp, lambda f: f.write(text.encode("utf-8")))
     os.replace(tmp, path)
 
 
@@ -29,14 +39,7 @@ def write_bytes_atomically(path: Path, data: bytes, on_written: Callable[[], Non
     new one, and possibly the temporary, for the writer's owner to clean. `on_written` runs between
     the temporary's fsync and the rename (the tests stop a process there)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # an ordinary failure (disk full) leaves nothing; a SIGKILL cannot get here
-        raise
+    write_fsynced(tmp, lambda f: f.write(data))
     if on_written is not None:
         on_written()
     try:

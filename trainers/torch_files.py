@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainers.files import fsync_dir
+from trainers.files import fsync_dir, write_fsynced
 
 # (event, step). Events, in order: "tmp_written", "renamed", "linked".
 CheckpointEvent = Callable[[str, int], None]
@@ -34,19 +34,6 @@ def _emit(on_event: CheckpointEvent | None, event: str, step: int) -> None:
         on_event(event, step)
 
 
-def _write_durably(obj: Any, tmp: Path) -> None:
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        # An ordinary failure (disk full, unpicklable object) should not
-        # leave a stray temp file behind; a SIGKILL cannot get here.
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def atomic_torch_save(
     obj: Any,
     path: Path,
@@ -63,7 +50,7 @@ def atomic_torch_save(
     """
     path = Path(path)
     tmp = temp_path(path)
-    _write_durably(obj, tmp)
+    write_fsynced(tmp, lambda f: torch.save(obj, f))
     _emit(on_event, "tmp_written", step)
     os.replace(tmp, path)
     fsync_dir(path.parent)

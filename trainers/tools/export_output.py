@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainers.errors import UserError
-from trainers.files import file_sha256, fsync_dir, write_text_atomically
+from trainers.files import file_sha256, fsync_dir, write_fsynced, write_text_atomically
 
 RECORD_NAME = "export.json"
 RECORD_FORMAT = "indextts2-gpt-export/1"
@@ -95,14 +95,7 @@ def _remove_temporaries(out: Path, names: list[str]) -> None:
 
 def _write_temporary(out: Path, name: str, write: Callable[[Any], None]) -> tuple[Path, str]:
     tmp = _temporary(out, name)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_fsynced(tmp, write)
     return tmp, file_sha256(tmp)
 
 

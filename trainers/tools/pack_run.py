@@ -32,7 +32,7 @@ from trainers.config.manifest_flags import manifest_flag
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
-from trainers.files import file_sha256
+from trainers.files import file_sha256, fsync_dir, write_fsynced
 from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml
 from trainers.run.portable import (
     INPUTS_FILE, PACKED_DIR, Found, Places, common_dir, find, missing_report, moved_dirs, read_packed,
@@ -91,16 +91,10 @@ def copy_into(source: Path, target: Path) -> bool:
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    with open(source, "rb") as src, open(tmp, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-        dst.flush()
-        os.fsync(dst.fileno())
+    with open(source, "rb") as src:
+        write_fsynced(tmp, lambda dst: shutil.copyfileobj(src, dst, 1 << 20))
     os.replace(tmp, target)
-    fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(target.parent)
     return True
 
 
