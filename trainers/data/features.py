@@ -57,18 +57,22 @@ class FeatureSpec:
         (trainers/data/feature_fit.py compares it with the config's before anything is built)."""
         return [("condition", sample.condition_path, (CONDITION_LEN,)), ("emo_vec", sample.emo_vec_path, ())]
 
+    def load(self, sample: Sample, what: str, path: str) -> np.ndarray:
+        """The array `what` from one of the sample's files (a family whose files are archives overrides it)."""
+        return _load_npy(sample, what, path)
+
     def text_ids(self, sample: Sample) -> np.ndarray:
         path = sample.text_ids_path
         hint = (
             f"text ids must be < gpt.number_text_tokens {self.number_text_tokens}; "
             "the tokenizer probably doesn't match the data (or the config's vocabulary size is wrong)"
         )
-        array = _load_npy(sample, "text_ids", path)
+        array = self.load(sample, "text_ids", path)
         return _int_vector(sample, "text_ids", path, array, sample.text_len, "text_len", self.number_text_tokens, hint)
 
     def codes(self, sample: Sample) -> np.ndarray:
         path = sample.codes_path
-        array = _load_npy(sample, "codes", path)
+        array = self.load(sample, "codes", path)
         if array.ndim == 2 and array.shape[0] == 1:
             array = array[0]  # [1, N] as saved by batch-of-one extractors
         hint = f"semantic codes must be < {self.max_code} (start_mel_token); were stop/special tokens saved as data?"
@@ -77,12 +81,12 @@ class FeatureSpec:
 
     def _condition(self, sample: Sample) -> np.ndarray:
         path = sample.condition_path
-        array = _load_npy(sample, "condition", path)
+        array = self.load(sample, "condition", path)
         return _float_array(sample, "condition", path, array, (CONDITION_LEN, self.model_dim))
 
     def _emo_vec(self, sample: Sample) -> np.ndarray:
         path = sample.emo_vec_path
-        array = _load_npy(sample, "emo_vec", path)
+        array = self.load(sample, "emo_vec", path)
         return _float_array(sample, "emo_vec", path, array, (self.model_dim,))
 
 

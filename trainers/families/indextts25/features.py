@@ -115,12 +115,12 @@ def count_text_ids(path: str) -> TextIds | str:
 class IndexTTS25Features(FeatureSpec):
     """A sample as the 2.5 model takes it: text_ids (0 and 1 dropped), codes, spk_emb [192], emo_vec [D], lang_id."""
 
-    def read(self, sample: Sample) -> dict[str, np.ndarray]:
-        return {"text_ids": self.text_ids(sample), "codes": self.codes(sample), **self.conditioning(sample)}
+    def load(self, sample: Sample, what: str, path: str) -> np.ndarray:
+        return _archive_member(sample, what, path)
 
     def text_ids(self, sample: Sample) -> np.ndarray:
         path = sample.text_ids_path
-        ids = _archive_member(sample, "text_ids", path)
+        ids = self.load(sample, "text_ids", path)
         if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
             raise _fail(sample, "text_ids", path, f"expected a 1-D array of integer ids, found shape {list(ids.shape)}"
                                                   f" of {ids.dtype}")
@@ -133,14 +133,6 @@ class IndexTTS25Features(FeatureSpec):
                 "match the data (or the config's vocabulary size is wrong)")
         return _int_vector(sample, "text_ids", path, kept, sample.text_len, "text_len", self.number_text_tokens, hint)
 
-    def codes(self, sample: Sample) -> np.ndarray:
-        path = sample.codes_path
-        array = _archive_member(sample, "codes", path)
-        if array.ndim == 2 and array.shape[0] == 1:
-            array = array[0]
-        hint = f"semantic codes must be < {self.max_code} (start_mel_token); were stop/special tokens saved as data?"
-        return _int_vector(sample, "codes", path, array, sample.code_len, "code_len", self.max_code, hint)
-
     def conditioning(self, sample: Sample) -> dict[str, np.ndarray]:
         return {"spk_emb": self._spk_emb(sample), "emo_vec": self._emo_vec(sample),
                 "lang_id": np.asarray(lang_id(sample.lang or ""), dtype=np.int64)}
@@ -150,17 +142,13 @@ class IndexTTS25Features(FeatureSpec):
 
     def _spk_emb(self, sample: Sample) -> np.ndarray:
         path = sample.condition_path
-        array = _archive_member(sample, "spk_emb", path)
+        array = self.load(sample, "spk_emb", path)
         if array.ndim >= 2 and array.shape[-2:] == (CONDITION_LATENTS, self.model_dim):
             raise _fail(sample, "spk_emb", path, f"holds [{CONDITION_LATENTS}, {self.model_dim}] conditioning latents, "
                                                  "the speaker input of IndexTTS2 (2.0); an IndexTTS-2.5 sample needs "
                                                  f"the prompt's {SPEAKER_DIM}-d CAMPPlus vector (re-extract the "
                                                  "features with the 2.5 preprocessing)")
         return _float_array(sample, "spk_emb", path, array, (SPEAKER_DIM,))
-
-    def _emo_vec(self, sample: Sample) -> np.ndarray:
-        path = sample.emo_vec_path
-        return _float_array(sample, "emo_vec", path, _archive_member(sample, "emo_vec", path), (self.model_dim,))
 
 
 _PAIR = LineForm(name="2.5 preprocessing pair", text_ids="target_features", text_len="text_len",
