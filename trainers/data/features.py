@@ -12,7 +12,6 @@ which the model takes by name, so a new input is added in its family only.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -22,8 +21,6 @@ from torch.utils.data import Dataset
 
 from trainers.data.sample_table import Sample, SampleTable
 from trainers.model.layout import CONDITION_LEN
-
-logger = logging.getLogger(__name__)
 
 TRAILING_RUN_WARN = 16  # this many identical final codes looks like saved padding
 # Conditioning latents and emotion vectors are normalised encoder outputs; beyond this a value is

@@ -13,7 +13,6 @@ a fresh optimizer) the configured schedule is built here. Either way it is built
 """
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,6 @@ from trainers.training.lr_schedule import LRSchedule, WarmupCosine
 
 def configured_schedule(cfg: TrainConfig) -> LRSchedule:
     return LRSchedule(WarmupCosine(cfg.learning_rate, cfg.warmup_steps, cfg.lr_decay_steps, cfg.min_lr_ratio))
-
-log = logging.getLogger("train")
 
 
 @dataclass(frozen=True)
