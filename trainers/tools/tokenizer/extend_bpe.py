@@ -57,6 +57,7 @@ from typing import Callable, Iterable, Sequence
 import sentencepiece as spm
 
 from trainers.console_streams import quiet_broken_pipes
+from trainers.errors import UserError
 from trainers.tools.tokenizer import sp_model_proto as proto
 from trainers.tools.tokenizer.new_files import create_beside
 from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
@@ -160,10 +161,6 @@ MIRRORED_OPTIONS: tuple[tuple[str, int, str, int | bool], ...] = (
     ("trainer", 26, "allow_whitespace_only_pieces", False),
     ("normalizer", 3, "add_dummy_prefix", True),
 )
-
-
-class UserError(Exception):
-    """A problem with the command line or the input files; exit status 2."""
 
 
 class VerificationError(Exception):
