@@ -90,8 +90,6 @@ def finite(low: float = 0.0, high: float = math.inf, **kw: bool) -> Bound:
 LEARNING_RATE = finite(0.0, 1.0, low_open=True)
 
 
-
-
 # --- argparse types: the value's form; its range is checked with the other settings ------------------
 
 def whole_number(text: str) -> int:

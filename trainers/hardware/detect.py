@@ -119,8 +119,6 @@ def _cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-
-
 def busy_cpu_note(machine: Hardware, threads: int) -> list[str]:
     """On a CPU other work keeps busy (the 1-minute load average above the machine's cores), torch's intra-op
     threads wait for each other at every operation: a user reported the demo taking 221 s with the default
