@@ -29,18 +29,16 @@ MiB = 2 ** 20
 # the estimate is an upper bound (tests/test_disk_space.py compares it with files written).
 PER_TENSOR = 768
 PER_FILE = 64 * 1024
-PER_HISTORY_ENTRY = 512
 GROWTH = 16 * 1024  # added to a real checkpoint's size for the next ones: the history grows (about 250 bytes a line)
 
 
-def checkpoint_bytes(saved: Iterable[torch.Tensor], trained: Iterable[torch.Tensor], history_entries: int = 0) -> int:
+def checkpoint_bytes(saved: Iterable[torch.Tensor], trained: Iterable[torch.Tensor]) -> int:
     """An upper bound on one checkpoint file's size: the model section's tensors (`saved`), AdamW's two
-    moments and step count per trained parameter, the history, the file's own overhead."""
+    moments and step count per trained parameter, the file's own overhead (its history: PER_FILE, GROWTH)."""
     saved, trained = list(saved), list(trained)
     tensors = sum(t.numel() * t.element_size() for t in saved)
     moments = sum(2 * p.numel() * p.element_size() + 4 for p in trained)
-    return tensors + moments + PER_TENSOR * (len(saved) + 3 * len(trained)) + PER_FILE + \
-        PER_HISTORY_ENTRY * history_entries
+    return tensors + moments + PER_TENSOR * (len(saved) + 3 * len(trained)) + PER_FILE
 
 
 def saves_to_come(step: int, total_steps: int, save_interval: int) -> int:
