@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from trainers.errors import DistributedFailure
 
@@ -31,16 +31,15 @@ SIGNAL_GRACE_S = 20.0  # under torchrun's default --shutdown-timeout (30 s), aft
 WARN_AFTER_S = 60.0  # one warning line when a wait takes this long (or half the timeout, if shorter)
 
 
-def await_works(works: Sequence[Any], what: str, timeout_s: float, stop: Any = None,
-                clock: Callable[[], float] = time.monotonic) -> None:
+def await_works(works: Sequence[Any], what: str, timeout_s: float, stop: Any = None) -> None:
     """Block until every work is complete, polling; raise DistributedFailure on an error, after
     `timeout_s`, or `SIGNAL_GRACE_S` after a stop signal (`stop.requested`) while still waiting."""
-    start, pending, nap, signalled, warned = clock(), list(works), 0.0002, None, False
+    start, pending, nap, signalled, warned = time.monotonic(), list(works), 0.0002, None, False
     while pending:
         pending = [w for w in pending if not w.is_completed()]
         if not pending:
             break
-        now = clock()
+        now = time.monotonic()
         waited = now - start
         if waited >= timeout_s:
             raise DistributedFailure(
