@@ -150,20 +150,17 @@ def report_text(report: Report) -> list[str]:
     return lines
 
 
-def retokenize(cfg: Config, out=None, err=None) -> list[Report]:
+def retokenize(cfg: Config) -> list[Report]:
     """Check everything, then write; raise Refusal (nothing written) or WriteFailure."""
-    out = out or sys.stdout
-    err = err or sys.stderr
     tok, limits, plans = plan_all(cfg)
-    print(tok.applied, file=out)
-    print(tok.skipped, file=out)
+    print(tok.applied)
+    print(tok.skipped)
     print(f"tokenizer {cfg.tokenizer}: {tok.size()} pieces; max_text_tokens "
-          f"{limits.max_text_tokens if limits.max_text_tokens is not None else 'not checked'} ({limits.source})",
-          file=out)
+          f"{limits.max_text_tokens if limits.max_text_tokens is not None else 'not checked'} ({limits.source})")
     if tok.looks_lower_case():
         print(f"warning: --tokenizer {cfg.tokenizer} has lower-case letters and no upper-case ones, but IndexTTS2 "
               "upper-cases text before tokenizing, so Latin letters become <unk> (here and at inference). Use a "
-              "tokenizer trained on upper-cased text, as the official bpe.model is", file=err)
+              "tokenizer trained on upper-cased text, as the official bpe.model is", file=sys.stderr)
     done: list[str] = []
     for plan in plans:
         try:
@@ -175,13 +172,13 @@ def retokenize(cfg: Config, out=None, err=None) -> list[Report]:
                                "written); fix the cause and run the same command again") from None
         done.append(str(plan.output))
         for line in report_text(plan.report):
-            print(line, file=out)
+            print(line)
         ids_dir = cfg.output_dir / IDS_DIR / plan.manifest.stem
         print(f"  wrote {plan.output} and {len(plan.lines)} id files under {ids_dir} "
-              f"({rewritten_text(written, len(plan.lines) + 1)})", file=out)
+              f"({rewritten_text(written, len(plan.lines) + 1)})")
     if any(p.report.lines_with_unk for p in plans):
         print("warning: some lines hold <unk> ids (see the report lines); the model learns nothing useful from "
-              "them: extend the tokenizer (tools/tokenizer/extend_bpe.py) or fix the text", file=err)
+              "them: extend the tokenizer (tools/tokenizer/extend_bpe.py) or fix the text", file=sys.stderr)
     return [p.report for p in plans]
 
 
