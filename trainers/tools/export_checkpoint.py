@@ -123,15 +123,11 @@ def export(target: Path, out: Path, which: str | None = None, dtype: str = "fp32
     info = {"source": str(path.resolve()), "kind": source.kind, "step": ckpt.step if ckpt else None,
             "run_id": ckpt.run_id if ckpt else None, "dtype": dtype, "text_tokens": text_tokens,
             **({"ema": True} if ema else {})}
-    try:
-        files = write_export(out, {
-            GPT_NAME: lambda f: torch.save({"model": state}, f),
-            CONFIG_NAME: lambda f: f.write(config_text.encode("utf-8")),
-            tok_name: lambda f: f.write(tokenizer_bytes),
-        }, record, info)
-    except OSError as exc:
-        raise UserError(f"could not write into --out {out}: {exc.strerror or exc}; no file there is half-written"
-                        ) from None
+    files = write_export(out, {
+        GPT_NAME: lambda f: torch.save({"model": state}, f),
+        CONFIG_NAME: lambda f: f.write(config_text.encode("utf-8")),
+        tok_name: lambda f: f.write(tokenizer_bytes),
+    }, record, info)
     return Export(source, out, dtype, selection, inference, text_tokens, files)
 
 
@@ -146,11 +142,7 @@ def export_adapter(target: Path, out: Path, which: str | None = None, ema: bool 
     adapter = adapter_file_of(ckpt)
     record = check_output(out, [ADAPTER_NAME])
     info = {"source": str(path.resolve()), "kind": "lora-adapter", "step": ckpt.step, "run_id": ckpt.run_id}
-    try:
-        write_export(out, {ADAPTER_NAME: lambda f: adapter_file.write(adapter, f)}, record, info)
-    except OSError as exc:
-        raise UserError(f"could not write into --out {out}: {exc.strerror or exc}; no file there is half-written"
-                        ) from None
+    write_export(out, {ADAPTER_NAME: lambda f: adapter_file.write(adapter, f)}, record, info)
     s = adapter.settings
     return "".join(f"note: {n}\n" for n in source.notes) + (
             f"exported the adapters of {path} (step {ckpt.step}; rank {s.rank}, alpha {s.alpha:g}, "

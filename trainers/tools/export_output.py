@@ -101,34 +101,38 @@ def _write_temporary(out: Path, name: str, write: Callable[[Any], None]) -> tupl
 
 def write_export(out: Path, files: dict[str, Callable[[Any], None]], record: Record | None,
                  info: dict[str, Any]) -> dict[str, str]:
-    """Write `files` (name -> writer of its bytes) into `out` atomically; returns their sha256."""
-    out.mkdir(parents=True, exist_ok=True)
-    previous = record.files if record else {}
-    _remove_temporaries(out, [*files, *previous])
-    temps: dict[str, tuple[Path, str]] = {}
+    """Write `files` (name -> writer of its bytes) into `out` atomically; their sha256. UserError if a write fails."""
     try:
-        for name, write in files.items():
-            temps[name] = _write_temporary(out, name, write)
-    except BaseException:
-        for tmp, _ in temps.values():
-            tmp.unlink(missing_ok=True)
-        raise
-    new = {name: sha for name, (_, sha) in temps.items()}
-    # Files an earlier export wrote that are still as it wrote them: replaced below, or removed
-    # if this export does not write them again (a tokenizer of another name).
-    kept = {name: sha for name in previous if record and (sha := record.wrote(name, out / name))}
-    # While files are renamed the record accepts the old and the new bytes, so a kill here leaves
-    # a directory the next export may still replace.
-    _write_record(out, info, kept, pending=new)
-    for name, (tmp, _) in temps.items():
-        os.replace(tmp, out / name)
-    with contextlib.suppress(OSError):  # a filesystem may refuse; the renames are still atomic
-        fsync_dir(out)
-    for name in kept:
-        if name not in files:
-            (out / name).unlink(missing_ok=True)
-    _write_record(out, info, new)
-    return new
+        out.mkdir(parents=True, exist_ok=True)
+        previous = record.files if record else {}
+        _remove_temporaries(out, [*files, *previous])
+        temps: dict[str, tuple[Path, str]] = {}
+        try:
+            for name, write in files.items():
+                temps[name] = _write_temporary(out, name, write)
+        except BaseException:
+            for tmp, _ in temps.values():
+                tmp.unlink(missing_ok=True)
+            raise
+        new = {name: sha for name, (_, sha) in temps.items()}
+        # Files an earlier export wrote that are still as it wrote them: replaced below, or removed
+        # if this export does not write them again (a tokenizer of another name).
+        kept = {name: sha for name in previous if record and (sha := record.wrote(name, out / name))}
+        # While files are renamed the record accepts the old and the new bytes, so a kill here leaves
+        # a directory the next export may still replace.
+        _write_record(out, info, kept, pending=new)
+        for name, (tmp, _) in temps.items():
+            os.replace(tmp, out / name)
+        with contextlib.suppress(OSError):  # a filesystem may refuse; the renames are still atomic
+            fsync_dir(out)
+        for name in kept:
+            if name not in files:
+                (out / name).unlink(missing_ok=True)
+        _write_record(out, info, new)
+        return new
+    except OSError as exc:
+        raise UserError(f"could not write into --out {out}: {exc.strerror or exc}; no file there is half-written"
+                        ) from None
 
 
 def _write_record(out: Path, info: dict[str, Any], files: dict[str, str], pending: dict[str, str] | None = None
