@@ -13,6 +13,12 @@ from typing import Any, BinaryIO, Callable
 logger = logging.getLogger(__name__)
 
 
+def temp_path(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place: `.NAME.tmp-PID` in the same directory, so
+    os.replace never crosses filesystems."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
 def write_fsynced(tmp: Path, write: Callable[[BinaryIO], Any]) -> None:
     """Create `tmp`, fill it with `write(file)` and fsync it, for the caller to rename into place. An ordinary
     failure (disk full, an unpicklable object) leaves no stray temporary; a SIGKILL cannot get here."""
@@ -34,11 +40,11 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 
 def write_bytes_atomically(path: Path, data: bytes, on_written: Callable[[], None] | None = None) -> None:
-    """Replace `path` with `data` durably: a temporary `.NAME.tmp-PID` beside it, fsynced, renamed over
+    """Replace `path` with `data` durably: a temporary (temp_path) beside it, fsynced, renamed over
     `path`, the directory fsynced. A kill at any moment leaves the old file (or none) or the complete
     new one, and possibly the temporary, for the writer's owner to clean. `on_written` runs between
     the temporary's fsync and the rename (the tests stop a process there)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     write_fsynced(tmp, lambda f: f.write(data))
     if on_written is not None:
         on_written()

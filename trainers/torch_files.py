@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from trainers.files import fsync_dir, write_fsynced
+from trainers.files import fsync_dir, temp_path, write_fsynced
 
 # (event, step). Events, in order: "tmp_written", "renamed", "linked".
 CheckpointEvent = Callable[[str, int], None]
@@ -22,11 +22,6 @@ class CheckpointError(RuntimeError):
         self.path, self.reason = Path(path), reason
         super().__init__(f"could not load checkpoint {path}: {reason}; resume from an older model_step*.pth in "
                          f"{Path(path).parent} or pass another checkpoint path")
-
-
-def temp_path(path: Path) -> Path:
-    # Same directory as the target so os.replace never crosses filesystems.
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
 def _emit(on_event: CheckpointEvent | None, event: str, step: int) -> None:

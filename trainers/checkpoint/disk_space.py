@@ -20,6 +20,7 @@ import torch
 
 from trainers.checkpoint.step_files import BEST_NAME, CheckpointManager
 from trainers.errors import UserError
+from trainers.files import file_identity
 
 log = logging.getLogger("train")
 
@@ -95,12 +96,9 @@ class DiskRoom:
         paths.append(files.best_path())
         seen, kept = set(), []
         for path in paths:
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) not in seen:
-                seen.add((st.st_dev, st.st_ino))
+            ident = file_identity(path)
+            if ident is not None and ident not in seen:
+                seen.add(ident)
                 kept.append(path)
         return kept
 

@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainers.files import fsync_dir
-from trainers.torch_files import CheckpointEvent, atomic_torch_save, temp_path
+from trainers.files import fsync_dir, temp_path
+from trainers.torch_files import CheckpointEvent, atomic_torch_save
 
 logger = logging.getLogger(__name__)
 

@@ -42,12 +42,6 @@ logger = logging.getLogger(__name__)
 class CheckpointWriter:
     """Writes checkpoints through a ``CheckpointManager``, by default in the background.
 
-    ``submit(state, step)``: waits for the previous save and re-raises its error, if any;
-    then snapshots ``state`` (so training may change it as soon as this returns) and starts
-    writing the snapshot in a background thread. ``wait()``: blocks until the write in
-    flight is complete and re-raises its error. ``close()``: ``wait()``, then frees the
-    snapshot buffers; the writer refuses further submits.
-
     An exception of a background write (``OSError`` for a full disk, the ``RuntimeError``
     torch's serializer raises, an exception from an ``on_event`` hook) is raised, as the
     same object and so of the same type and with the same cause, by the next ``submit``,
@@ -112,9 +106,10 @@ class CheckpointWriter:
         return self._buffers.nbytes if self._buffers is not None else 0
 
     def submit(self, state: Any, step: int, write: Callable[[Any], Path] | None = None) -> None:
-        """Save ``state`` as the checkpoint of ``step``; see the class docstring. ``write(copy)``, if
-        given, writes the host copy instead of ``manager.save`` (e.g. to assemble and checksum it
-        off the training thread first) and returns the path written."""
+        """Save ``state`` as the checkpoint of ``step``: wait for the previous save and re-raise its error, if any;
+        then snapshot ``state`` (so training may change it as soon as this returns) and write the snapshot in a
+        background thread. ``write(copy)``, if given, writes the host copy instead of ``manager.save`` (e.g. to
+        assemble and checksum it off the training thread first) and returns the path written."""
         if self._closed:
             raise RuntimeError("CheckpointWriter is closed")
         if step < 0:
@@ -172,7 +167,8 @@ class CheckpointWriter:
         return self.last_path
 
     def close(self) -> Path | None:
-        """``wait()``, then free the snapshot buffers. Safe to call more than once."""
+        """``wait()``, then free the snapshot buffers; the writer refuses further submits. Safe to call more than
+        once."""
         try:
             return self.wait()
         finally:
@@ -252,6 +248,3 @@ class CheckpointWriter:
         if self.background:
             logger.info("checkpoint %s (step %d) written in %.1f s in the background", path, step,
                         time.perf_counter() - t0)
-
-
-__all__ = ["CheckpointWriter", "SnapshotBuffers", "snapshot", "to_host"]

@@ -23,6 +23,10 @@ INFERENCE_KEYS: tuple[str, ...] = (
     "gpt", "gpt_checkpoint", "dataset.bpe_model", "w2v_stat", "s2mel_checkpoint", "s2mel", "emo_matrix",
     "spk_matrix", "qwen_emo_path", "version", "semantic_codec", "emo_num", "vocoder.name",
 )
+# gpt keys of the official 2.0 and 2.5 configs that only inference reads (the conditioning encoders, which 2.5's
+# campplus mode ignores, and the mel front end): a config holding them is no typo (trainers/run/inputs.py).
+INFERENCE_GPT_KEYS = frozenset({"use_mel_codes_as_input", "mel_length_compression", "train_solo_embeddings",
+                                "condition_type", "condition_module", "emo_condition_module"})
 # The other models' files, which inference opens in model_dir beside gpt.pth and the tokenizer.
 OTHER_MODEL_FILE_KEYS: tuple[str, ...] = ("s2mel_checkpoint", "w2v_stat", "emo_matrix", "spk_matrix", "qwen_emo_path")
 

@@ -157,7 +157,3 @@ class FusedMask(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
         return apply(grad, ctx.keys, ctx.threshold, ctx.scale), None, None, None
-
-
-__all__ = ["CELL_ADD", "CELL_MUL", "COMPILED_DEVICES", "FusedMask", "MAX_CELLS", "apply", "check_cells",
-           "compiled_on", "mask_and_scale", "site_keys", "threshold"]

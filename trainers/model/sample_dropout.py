@@ -227,6 +227,3 @@ class WidthDropout:
             self._by_width[width] = SampleDropout(self.p, self.keys, self.seq_len, width, self.device, self.version,
                                                   self.positions)
         return self._by_width[width](x, site)
-
-
-__all__ = ["DEFAULT_MASKS", "MASK_VERSIONS", "PositionHashes", "SampleDropout", "WidthDropout", "dropout_keys"]

@@ -30,7 +30,7 @@ from trainers.checkpoint.recovery import newest_intact
 from trainers.checkpoint.step_files import CheckpointManager
 from trainers.log_lines import log_fitting
 from trainers.config.flags import CommandLine
-from trainers.config.inference_keys import INFERENCE_KEYS, missing_inference_keys
+from trainers.config.inference_keys import missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
 from trainers.files import file_identity, fsync_dir, write_text_atomically
@@ -377,17 +377,15 @@ def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str,
 
 
 def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
-                           tokenizer: str, demo: bool = False, family: Any = None) -> None:
-    """config.yaml for inference: the user's config with the vocabulary of this run. `family` (a ModelFamily;
-    default IndexTTS2's) names the keys its inference reads and where the config names the tokenizer."""
-    keys = family.inference_keys if family is not None else INFERENCE_KEYS
-    tokenizer_key = family.tokenizer_config_key if family is not None else "dataset.bpe_model"
-    title = family.inference_name if family is not None else "IndexTTS2"
+                           tokenizer: str, demo: bool, family: Any) -> None:
+    """config.yaml for inference: the user's config with the vocabulary of this run. `family` (a ModelFamily)
+    names the keys its inference reads and where the config names the tokenizer."""
+    tokenizer_key, title = family.tokenizer_config_key, family.inference_name
     data = dict(model_yaml)
     data["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
     path = run_dir / INFERENCE_CONFIG_NAME
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
-    missing = missing_inference_keys(data, keys)
+    missing = missing_inference_keys(data, family.inference_keys)
     if missing and not demo:  # the demo's tiny model is not for inference
         log.info("%s lacks keys %s inference reads (a trimmed --config: enough to train):", path, title)
         for line in textwrap.wrap(", ".join(missing), 88):

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainers.errors import UserError
-from trainers.files import file_sha256, fsync_dir, write_fsynced, write_text_atomically
+from trainers.files import file_sha256, fsync_dir, temp_path, write_fsynced, write_text_atomically
 
 RECORD_NAME = "export.json"
 RECORD_FORMAT = "indextts2-gpt-export/1"
@@ -81,10 +81,6 @@ def check_output(out: Path, names: list[str]) -> Record | None:
     return record
 
 
-def _temporary(out: Path, name: str) -> Path:
-    return out / f".{name}.tmp-{os.getpid()}"
-
-
 def _remove_temporaries(out: Path, names: list[str]) -> None:
     """Temporaries of a killed export into this directory."""
     pattern = re.compile(r"^\.(" + "|".join(re.escape(n) for n in names) + r")\.tmp-[0-9]+$")
@@ -94,7 +90,7 @@ def _remove_temporaries(out: Path, names: list[str]) -> None:
 
 
 def _write_temporary(out: Path, name: str, write: Callable[[Any], None]) -> tuple[Path, str]:
-    tmp = _temporary(out, name)
+    tmp = temp_path(out / name)
     write_fsynced(tmp, write)
     return tmp, file_sha256(tmp)
 

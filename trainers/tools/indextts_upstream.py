@@ -276,17 +276,9 @@ def render_codes(tts: Any, voice: Voice, text_ids: np.ndarray, codes: np.ndarray
     code = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=dev).unsqueeze(0)
     code_lens = torch.tensor([code.shape[1]], device=dev)
     with torch.no_grad():
-        models = tts.s2mel.models
         semantic = tts.semantic_codec.quantizer.vq2emb(code.unsqueeze(1)).transpose(1, 2)
-        semantic = semantic + models["gpt_layer"](latent)
-        cond = models["length_regulator"](semantic, ylens=(code_lens * FRAMES_PER_CODE).long(), n_quantizers=3,
-                                          f0=None)[0]
-        both = torch.cat([voice.prompt_condition, cond], dim=1)
-        mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(dev), voice.ref_mel, voice.style,
-                                      None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)
-        mel = mel[:, :, voice.ref_mel.size(-1):]
-        wav = tts.bigvgan(mel.float()).squeeze()
-    return wav.detach().float().cpu().numpy().reshape(-1)
+        semantic = semantic + tts.s2mel.models["gpt_layer"](latent)
+        return _waveform(tts, voice, semantic, (code_lens * FRAMES_PER_CODE).long())
 
 
 def render_codes_25(tts: Any, voice: Voice, codes: np.ndarray) -> np.ndarray:
@@ -297,13 +289,19 @@ def render_codes_25(tts: Any, voice: Voice, codes: np.ndarray) -> np.ndarray:
     dev = tts.device
     code = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=dev).unsqueeze(0)
     with torch.no_grad():
-        models = tts.s2mel.models
         semantic = tts.semantic_codec.decode(code)
-        lengths = torch.LongTensor([int(semantic.shape[1] * FRAMES_PER_CODE)]).to(dev)
-        cond = models["length_regulator"](semantic, ylens=lengths, n_quantizers=3, f0=None)[0]
-        both = torch.cat([voice.prompt_condition, cond], dim=1)
-        mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(dev), voice.ref_mel, voice.style,
-                                      None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)
-        mel = mel[:, :, voice.ref_mel.size(-1):]
-        wav = tts.bigvgan(mel.float()).squeeze()
+        return _waveform(tts, voice, semantic, torch.LongTensor([int(semantic.shape[1] * FRAMES_PER_CODE)]).to(dev))
+
+
+def _waveform(tts: Any, voice: Voice, semantic: Any, lengths: Any) -> np.ndarray:
+    """The waveform of semantic features stretched to `lengths` mel frames, spoken after the voice's prompt (under
+    no_grad)."""
+    import torch
+
+    models = tts.s2mel.models
+    cond = models["length_regulator"](semantic, ylens=lengths, n_quantizers=3, f0=None)[0]
+    both = torch.cat([voice.prompt_condition, cond], dim=1)
+    mel = models["cfm"].inference(both, torch.LongTensor([both.size(1)]).to(tts.device), voice.ref_mel, voice.style,
+                                  None, DIFFUSION_STEPS, inference_cfg_rate=CFG_RATE)
+    wav = tts.bigvgan(mel[:, :, voice.ref_mel.size(-1):].float()).squeeze()
     return wav.detach().float().cpu().numpy().reshape(-1)

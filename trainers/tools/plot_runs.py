@@ -39,6 +39,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from trainers.checkpoint import schema  # noqa: E402
 from trainers.console_streams import quiet_broken_pipes  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
+from trainers.files import temp_path  # noqa: E402
 from trainers.tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 from trainers.torch_files import CheckpointError  # noqa: E402
 
@@ -242,7 +243,7 @@ def forgetting_panel(ax: Any, lang: str, runs: list[RunHistory], colours: list[A
 def save_png(fig: Figure, out: Path) -> None:
     """Write the PNG under a temporary name and rename it, so a reader never sees half an image."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_path(out)
     try:
         fig.savefig(tmp, format="png", dpi=110)
         os.replace(tmp, out)

@@ -307,8 +307,7 @@ class World:
             return False
         # The signal most processes received (ties: the lowest number), so all exit with one status.
         signum = max(STOP_SIGNALS, key=lambda s: (counts[STOP_SIGNALS.index(s)], -s))
-        if stop.signum != signum:
-            stop.signum = signum
+        stop.signum = signum
         if self.is_main:
             log.warning("a stop signal reached %d of %d processes: every process stops at this step boundary",
                         int(sum(counts)), self.size)

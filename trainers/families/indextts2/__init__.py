@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from trainers.config.inference_keys import INFERENCE_KEYS
+from trainers.config.inference_keys import INFERENCE_GPT_KEYS, INFERENCE_KEYS
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
 from trainers.data.features import FeatureSpec
 from trainers.data.manifest_lines import INDEXTTS2_FORMS
@@ -22,10 +22,6 @@ from trainers.model.demo_base import ensure_demo_base
 from trainers.model.gpt_model import GPTConfig, UnifiedVoiceGPT
 from trainers.model.vocabulary import SentencePieceTokenizer
 from trainers.model.weights import INDEXTTS2_LAYOUT
-
-# gpt keys of the official config that only inference uses (the conditioning encoders, the mel front end).
-INFERENCE_GPT_KEYS = frozenset({"use_mel_codes_as_input", "mel_length_compression", "train_solo_embeddings",
-                                "condition_type", "condition_module", "emo_condition_module"})
 
 
 def make_demo(root: Path, gpt: GPTConfig) -> None:

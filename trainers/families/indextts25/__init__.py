@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from trainers.config.inference_keys import INFERENCE_GPT_KEYS
 from trainers.families.family import ModelFamily
 from trainers.families.indextts25.demo import TOKENIZER_NAME, make_demo
 from trainers.families.indextts25.features import FORMS, IndexTTS25Features
@@ -19,9 +20,6 @@ from trainers.families.indextts25.tokenizer import UPSTREAM_NAME, TiktokenTokeni
 from trainers.model.weights import StateLayout
 
 VERSION = "2.5"
-# gpt keys of the 2.5 config that only inference reads (the conditioning encoder's are ignored in campplus mode).
-INFERENCE_GPT_KEYS = frozenset({"use_mel_codes_as_input", "mel_length_compression", "train_solo_embeddings",
-                                "condition_type", "condition_module", "emo_condition_module"})
 # The keys of config.yaml infer_v2_5 reads (reference section 1); the tokenizer's file name is fixed, no key.
 INFERENCE_KEYS = ("gpt", "gpt_checkpoint", "w2v_stat", "s2mel_checkpoint", "s2mel", "emo_matrix", "spk_matrix",
                   "qwen_emo_path", "version", "semantic_codec", "emo_num")

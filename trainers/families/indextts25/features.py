@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from trainers.data.features import FeatureError, FeatureSpec, _fail, _float_array, _int_vector, _load_npy
+from trainers.data.features import FeatureError, FeatureSpec, _fail, _float_array, _load_npy
 from trainers.data.manifest_lines import LineForm, ManifestForms, TextIds
 from trainers.data.sample_table import Sample
 from trainers.families.indextts25.languages import lang_id, language_problem, text_language
@@ -116,22 +116,19 @@ class IndexTTS25Features(FeatureSpec):
     """A sample as the 2.5 model takes it: text_ids (0 and 1 dropped), codes, spk_emb [192], emo_vec [D], lang_id."""
 
     def load(self, sample: Sample, what: str, path: str) -> np.ndarray:
-        return _archive_member(sample, what, path)
-
-    def text_ids(self, sample: Sample) -> np.ndarray:
-        path = sample.text_ids_path
-        ids = self.load(sample, "text_ids", path)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise _fail(sample, "text_ids", path, f"expected a 1-D array of integer ids, found shape {list(ids.shape)}"
-                                                  f" of {ids.dtype}")
-        kept = kept_ids(ids)
+        """The array of an .npz member or an .npy file; text ids without the ids 0 and 1 (their count checked)."""
+        array = _archive_member(sample, what, path)
+        if what != "text_ids":
+            return array
+        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise _fail(sample, what, path, f"expected a 1-D array of integer ids, found shape {list(array.shape)} of "
+                                            f"{array.dtype}")
+        kept = kept_ids(array)
         if kept.shape[0] != sample.text_len:
-            raise _fail(sample, "text_ids", path, f"has {kept.shape[0]} ids once ids 0 and 1 are dropped, but had "
-                                                  f"{sample.text_len} when the manifests were checked: the file "
-                                                  "changed since; start the run again so the manifests are checked")
-        hint = (f"text ids must be < gpt.number_text_tokens {self.number_text_tokens}; the tokenizer probably doesn't "
-                "match the data (or the config's vocabulary size is wrong)")
-        return _int_vector(sample, "text_ids", path, kept, sample.text_len, "text_len", self.number_text_tokens, hint)
+            raise _fail(sample, what, path, f"has {kept.shape[0]} ids once ids 0 and 1 are dropped, but had "
+                                            f"{sample.text_len} when the manifests were checked: the file "
+                                            "changed since; start the run again so the manifests are checked")
+        return kept
 
     def conditioning(self, sample: Sample) -> dict[str, np.ndarray]:
         return {"spk_emb": self._spk_emb(sample), "emo_vec": self._emo_vec(sample),

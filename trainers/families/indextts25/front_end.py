@@ -28,7 +28,6 @@ _SPECIAL = re.compile(r"<\|([^|]+)\|>")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _KANA = (re.compile(r"[\u3040-\u309F]+"), re.compile(r"[\u30A0-\u30FF]+"))
 
-NORMALISED = ("zh", "zhen", "en", "ja", "es")  # the languages upstream normalises (WeTextProcessing / nemo)
 SKIPPED = (
     "language normalisation SKIPPED: IndexTTS-2.5 inference normalises zh, zhen and en with WeTextProcessing and ja "
     "and es with nemo_text_processing (numbers, dates, units...); neither is a dependency here, so write such text "

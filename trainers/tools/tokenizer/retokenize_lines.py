@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from trainers.data.manifest_lines import INDEXTTS2_FORMS
 from trainers.tools.tokenizer.retokenize_front_end import Tokenizer
 from trainers.tools.tokenizer.retokenize_limits import Limits
 
@@ -24,24 +25,12 @@ class Form:
 
 PAIRED = Form("paired", ("target_text",), "target_text_ids_path", "target_text_len", "target_code_len")
 SINGLE = Form("single", ("text", "target_text"), "text_ids_path", "text_len", "code_len")
-# The keys trainers/manifest.py uses to tell the forms apart.
-_SINGLE_KEYS = frozenset({"text_ids_path", "text_len", "codes_path", "code_len", "condition_path", "emo_vec_path"})
-_PAIRED_KEYS = frozenset({"target_text_ids_path", "target_text_len", "target_codes_path", "target_code_len",
-                          "prompt_condition_path", "prompt_emo_vec_path"})
-_FORM_HINT = ("a paired line has prompt_condition_path and target_codes_path; a single-utterance line has "
-              "text_ids_path, codes_path and condition_path")
 
 
 def detect_form(obj: dict) -> Form | None:
-    """The trainer's rule: paired with both paired keys, else single with any single key, else
-    paired with any paired key."""
-    if "prompt_condition_path" in obj and "target_codes_path" in obj:
-        return PAIRED
-    if not _SINGLE_KEYS.isdisjoint(obj):
-        return SINGLE
-    if not _PAIRED_KEYS.isdisjoint(obj):
-        return PAIRED
-    return None
+    """The line's form by the trainer's own rule (trainers/data/manifest_lines.py)."""
+    form = INDEXTTS2_FORMS.detect(obj)
+    return None if form is None else {"paired": PAIRED, "single": SINGLE}[form.name]
 
 
 @dataclass
@@ -146,7 +135,7 @@ def read_manifest(path: Path) -> tuple[list[Line], list[str]]:
             continue
         form = detect_form(obj)
         if form is None:
-            problems.append(f"{where}: neither manifest form recognised ({_FORM_HINT}); fix the field names")
+            problems.append(f"{where}: neither manifest form recognised ({INDEXTTS2_FORMS.hint}); fix the field names")
             continue
         text, problem = text_of(obj, form, where)
         if problem:
