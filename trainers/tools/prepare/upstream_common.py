@@ -57,6 +57,18 @@ def need_file(path: Path, what: str, fix: str) -> Path:
     return path
 
 
+def text_normalizer(inst: Any, model_dir: Path, files: dict[str, Path]) -> Any:
+    """Upstream's TextNormalizer as both inference paths build it: glossary on, loaded, with the checkpoints folder's
+    glossary.yaml where there is one (then recorded in `files`, so the fingerprint covers it)."""
+    normalizer = inst.TextNormalizer(enable_glossary=True)
+    normalizer.load()
+    glossary = model_dir / "glossary.yaml"
+    if glossary.exists():
+        normalizer.load_glossary_from_yaml(str(glossary))
+        files["glossary"] = glossary
+    return normalizer
+
+
 def upstream_name(module: ModuleType, name: str) -> Any:
     """A name of the inference module's namespace (a class, a function, a library it imported)."""
     try:

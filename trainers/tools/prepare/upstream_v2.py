@@ -22,7 +22,8 @@ from trainers.errors import UserError
 from trainers.tools.prepare.backend import BackendRequest, Clip, Features, TextIds
 from trainers.tools.prepare.upstream_common import (
     Installation, conditioning_features, files_fingerprint, installation_fingerprint, load_clip, load_weights,
-    alone, need_file, quantized, to_array, read_config, semantic_features, state_of, torch_file, w2v_frames,
+    alone, need_file, quantized, to_array, read_config, semantic_features, state_of, text_normalizer, torch_file,
+    w2v_frames,
 )
 
 HUB_W2V = "facebook/w2v-bert-2.0"  # infer_v2: from_pretrained of this hub id, through HF_HUB_CACHE
@@ -59,13 +60,7 @@ class IndexTTS2Backend:
         bpe = request.tokenizer or model_dir / str(cfg.get("dataset", {}).get("bpe_model", "bpe.model"))
         self.files["tokenizer"] = need_file(bpe, "the SentencePiece model",
                                             "pass --tokenizer or the checkpoints folder")
-        normalizer = inst.TextNormalizer(enable_glossary=True)
-        normalizer.load()
-        glossary = model_dir / "glossary.yaml"
-        if glossary.exists():
-            normalizer.load_glossary_from_yaml(str(glossary))
-            self.files["glossary"] = glossary
-        self.tokenizer = inst.TextTokenizer(str(bpe), normalizer)
+        self.tokenizer = inst.TextTokenizer(str(bpe), text_normalizer(inst, model_dir, self.files))
 
         gpt_path = need_file(model_dir / str(cfg.get("gpt_checkpoint", "gpt.pth")), "the GPT checkpoint",
                              "pass the official checkpoints folder as --model-dir")

@@ -32,8 +32,8 @@ from trainers.families.indextts25.features import kept_ids
 from trainers.tools.prepare.backend import BackendRequest, Clip, Features, TextIds
 from trainers.tools.prepare.upstream_common import (
     Installation, conditioning_features, files_fingerprint, installation_fingerprint, load_clip, load_weights,
-    alone, need_file, quantized, to_array, prompt_wave, read_config, semantic_features, state_of, torch_file,
-    w2v_frames,
+    alone, need_file, quantized, to_array, prompt_wave, read_config, semantic_features, state_of, text_normalizer,
+    torch_file, w2v_frames,
 )
 
 W2V_DIR = "hf_cache/w2v-bert-2.0"  # infer_v2_5: a flat folder, local files only
@@ -67,12 +67,7 @@ class IndexTTS25Backend:
         self.files["tokenizer"] = need_file(tokenizer, "IndexTTS-2.5's tiktoken vocabulary", FETCH)
         # upstream's get_tokenizer reads <model_dir>/<name>: a --tokenizer elsewhere is read from its own folder
         self.tokenizer = inst.get_tokenizer(multilingual=True, model_dir=str(tokenizer.parent))
-        self.normalizer = inst.TextNormalizer(enable_glossary=True)
-        self.normalizer.load()
-        glossary = model_dir / "glossary.yaml"
-        if glossary.exists():
-            self.normalizer.load_glossary_from_yaml(str(glossary))
-            self.files["glossary"] = glossary
+        self.normalizer = text_normalizer(inst, model_dir, self.files)
         self._japanese: Any = None
 
         gpt_path = need_file(model_dir / str(cfg.get("gpt_checkpoint", "gpt.pth")), "the GPT checkpoint", FETCH)
