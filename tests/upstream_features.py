@@ -184,7 +184,7 @@ def stand_ins() -> Iterator[None]:
     torchaudio.transforms = sys.modules["torchaudio.transforms"]
     torchaudio.compliance = sys.modules["torchaudio.compliance"]
     sys.modules.update(librosa_stand_in(torchaudio))
-    sys.modules.update({
+    simple = {
         "omegaconf": _module("omegaconf", OmegaConf=NotCalled),
         "modelscope": _module("modelscope", AutoModelForCausalLM=NotCalled),
         "json5": _module("json5", loads=NotCalled),
@@ -193,11 +193,10 @@ def stand_ins() -> Iterator[None]:
         "tn.english": _module("tn.english", __path__=[]),
         "tn.chinese.normalizer": _module("tn.chinese.normalizer", Normalizer=DigitNormalizer),
         "tn.english.normalizer": _module("tn.english.normalizer", Normalizer=DigitNormalizer),
-    })
-    if "scipy" not in real:
-        sys.modules.update({
-            "scipy": _module("scipy", __path__=[]), "scipy.io": _module("scipy.io", __path__=[]),
-            "scipy.io.wavfile": _module("scipy.io.wavfile", read=NotCalled, write=NotCalled)})
+        "scipy": _module("scipy", __path__=[]), "scipy.io": _module("scipy.io", __path__=[]),
+        "scipy.io.wavfile": _module("scipy.io.wavfile", read=NotCalled, write=NotCalled),
+    }
+    sys.modules.update({n: m for n, m in simple.items() if _ours(n, real)})  # not over REAL_WHEN_INSTALLED ones
     try:
         yield
     finally:
