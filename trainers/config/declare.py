@@ -255,17 +255,12 @@ def join_negative_values(argv: Sequence[str], numeric: frozenset[str]) -> list[s
     names are joined: the parser refuses abbreviations (`--learn -1e-3` is an unknown flag).
     """
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
+    rest = list(argv)
+    while rest:
+        arg = rest.pop(0)
         if arg == "--":
-            out.extend(argv[i:])
-            break
-        value = argv[i + 1] if i + 1 < len(argv) else None
-        if value is not None and value.startswith("-") and parses_as_number(value) and arg in numeric:
-            out.append(f"{arg}={value}")
-            i += 2
-            continue
+            return [*out, arg, *rest]
+        if arg in numeric and rest and rest[0].startswith("-") and parses_as_number(rest[0]):
+            arg = f"{arg}={rest.pop(0)}"
         out.append(arg)
-        i += 1
     return out
