@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from trainers.data.feature_folders import TOO_SHORT, FolderRecord, file_state
-from trainers.data.sample_table import TableBuilder
+from trainers.data.sample_table import PATH_ROLES, TableBuilder
 from trainers.model.layout import PREFIX_LEN
 
 
@@ -68,10 +68,8 @@ class LineForm:
 
     @property
     def path_keys(self) -> tuple[str, str, str, str]:
+        """The keys naming each file role (sample_table.PATH_ROLES), in that order."""
         return (self.text_ids, self.codes, self.condition, self.emo_vec)
-
-
-ROLES = ("text_ids", "codes", "condition", "emo_vec")  # what each of LineForm.path_keys names, in that order
 
 
 # The prompt's emotion vector is what inference uses by default, so paired
@@ -138,7 +136,7 @@ class ManifestForms:
     what is wrong with a sample's language (None: nothing); `text_language(first_id, text_tokens)` names the
     language whose token the text's first id is (None: no language token), which must be the sample's language;
     `archive_arrays(path)` lists the arrays of a feature file that is an archive of several (None: one array; a
-    string: what is wrong with it), each role reading the array `role_arrays` names (ROLES), so an archive without
+    string: what is wrong with it), each role reading the array `role_arrays` names (PATH_ROLES), so an archive without
     one is refused by line when the manifests are checked, not when its sample is first read mid-run.
     """
 
@@ -200,6 +198,10 @@ class FileContext:
     # raw path as written -> its table file index, for paths without problems (the fast path's lookup).
     good: dict[str, int] = field(default_factory=dict)
 
+    def language(self, line_lang: str | None) -> str | None:
+        """The sample's language: `::LANG` of the manifest, else the line's own."""
+        return self.lang if self.lang is not None else line_lang
+
     def feature(self, raw: str) -> tuple[str, str]:
         entry = self.features.get(raw)
         if entry is None:
@@ -212,11 +214,10 @@ class FileContext:
     def family_checks(self, form: LineForm, raws: list[str], text_len: int, lang: str | None,
                       ) -> tuple[int, str | None]:
         """The family's own checks of a line (ManifestForms): (the text length the table keeps, a problem or None).
-        `raws`: the line's paths of ROLES; `lang`: the line's own language (`::LANG` of the manifest overrides it)."""
+        `raws`: the line's paths of PATH_ROLES; `lang`: the line's own language (`::LANG` of the manifest overrides it)."""
         forms = self.check.limits.forms
-        sample_lang = self.lang if self.lang is not None else lang
         if forms.language_problem is not None:
-            problem = forms.language_problem(sample_lang)
+            problem = forms.language_problem(self.language(lang))
             if problem:
                 return text_len, problem
         if forms.count_text_ids is None:
@@ -242,7 +243,7 @@ class FileContext:
         forms = self.check.limits.forms
         if forms.archive_arrays is None:
             return None
-        for role, key, raw in zip(ROLES, form.path_keys, raws):
+        for role, key, raw in zip(PATH_ROLES, form.path_keys, raws):
             member = forms.role_arrays.get(role)
             if member is None:
                 continue
@@ -261,7 +262,7 @@ class FileContext:
         """Text ids that begin with another language's token than the sample's language (ManifestForms.text_language):
         the sample would train its language's row on text that inference begins with its own language's token."""
         text_language = self.check.limits.forms.text_language
-        lang = self.lang if self.lang is not None else line_lang
+        lang = self.language(line_lang)
         found = text_language(first, self.check.limits.text_tokens) if text_language and lang else None
         if found is None or lang is None or found == lang.lower():
             return None
@@ -274,16 +275,15 @@ class FileContext:
                 f"again as {lang} (indextts-retokenize)")
 
     def add(self, sample_id: str, text_len: int, code_len: int, line: int, lang: str | None, speaker: str | None,
-            raws: list[str], kept_text_len: int | None = None) -> None:
+            raws: list[str], kept: int) -> None:
+        """A checked line's sample; `kept`: its text length once the family dropped ids (family_checks)."""
         if self.manifest < 0:
             self.manifest = self.check.table.manifest(self.name)
         files = [self.good[raw] for raw in raws]
-        kept = text_len if kept_text_len is None else kept_text_len
         if kept != text_len:
             self.check.dropped_ids += text_len - kept
             self.check.samples_with_dropped += 1
-        self.check.table.add(sample_id, kept, code_len, self.manifest, line,
-                             self.lang if self.lang is not None else lang, speaker, files)
+        self.check.table.add(sample_id, kept, code_len, self.manifest, line, self.language(lang), speaker, files)
 
 
 def _type_name(value: Any) -> str:
@@ -301,30 +301,27 @@ def _length_problem(key: str, value: Any, limit: int, limit_key: str) -> str | N
     return None
 
 
-def _path_problem(key: str, value: Any, ctx: FileContext) -> tuple[str | None, str | None]:
-    """Return (resolved path, None) for an existing feature file, else (None, problem)."""
+def _path_problem(key: str, value: Any, ctx: FileContext) -> str | None:
+    """What is wrong with a feature path, or None for an existing feature file."""
     if type(value) is not str or not value:
-        return None, f"{key} must be a non-empty string path, got {value!r} ({_type_name(value)}); fix the manifest line"
+        return f"{key} must be a non-empty string path, got {value!r} ({_type_name(value)}); fix the manifest line"
     path, problem = ctx.feature(value)
     if not problem:
-        return path, None
+        return None
     if problem.startswith(TOO_SHORT):  # the path is right, the file is not
-        return None, f"{key} {path} {problem}; extract this feature again, or drop the line"
+        return f"{key} {path} {problem}; extract this feature again, or drop the line"
     outside = os.path.isabs(value) or os.path.relpath(path, ctx.base).split(os.sep)[0] == os.pardir
     where = (f"it is outside the manifest folder {ctx.base}, which is allowed only for an existing regular file"
              if outside else f"relative paths are resolved from the manifest folder {ctx.base}")
-    return None, f"{key} {problem}: {path}; {where}; fix the path or the file"
+    return f"{key} {problem}: {path}; {where}; fix the path or the file"
 
 
-def _optional_str(obj: dict[str, Any], key: str) -> tuple[str | None, str | None]:
-    """Return (value, None) for an optional name field, or (None, problem)."""
+def _optional_str(obj: dict[str, Any], key: str | None) -> tuple[str | None, str | None]:
+    """Return (value, None) for an optional name field (None when the form has no such field), or (None, problem)."""
     value = obj.get(key)
-    if value is None or value == "":
-        return None, None
-    if type(value) is str:
-        return value, None
-    if type(value) is int:  # numeric speaker ids are common; treat them as names
-        return str(value), None
+    name = _name(value)
+    if name is not False:
+        return name, None
     return None, f"{key} must be a string or null, got {value!r} ({_type_name(value)}); fix the manifest line"
 
 
@@ -347,7 +344,7 @@ def _name(value: Any) -> str | None | bool:
         return None
     if type(value) is str:
         return value
-    return str(value) if type(value) is int else False
+    return str(value) if type(value) is int else False  # numeric speaker ids are common; treat them as names
 
 
 def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
@@ -369,7 +366,7 @@ def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
         if type(raw) is not str or not raw or (raw not in ctx.good and ctx.feature(raw)[1]):
             return False
     speaker, lang = _name(obj.get("speaker")), _name(obj.get(form.language))
-    alias = _name(obj.get(form.language_alias)) if form.language_alias else None
+    alias = _name(obj.get(form.language_alias))  # None without the field: JSON keys are never None
     if speaker is False or lang is False or alias is False:
         return False
     lang = alias or lang
@@ -405,16 +402,17 @@ def check_line(obj: Any, ctx: FileContext, line: int) -> None:
     sample_id = obj["id"]
     if type(sample_id) is not str or not sample_id:
         problems.append(f"id must be a non-empty string, got {sample_id!r} ({_type_name(sample_id)}); fix the manifest line")
-    problems += (_path_problem(key, obj[key], ctx)[1] for key in dict.fromkeys(form.path_keys))
+    raws = [obj[key] for key in form.path_keys]
+    problems += (_path_problem(key, obj[key], ctx) for key in dict.fromkeys(form.path_keys))
     speaker, speaker_problem = _optional_str(obj, "speaker")
     line_lang, lang_problem = _optional_str(obj, form.language)
-    alias, alias_problem = _optional_str(obj, form.language_alias) if form.language_alias else (None, None)
+    alias, alias_problem = _optional_str(obj, form.language_alias)
     problems += (speaker_problem, lang_problem, alias_problem)
     if not any(problems):
         line_lang = alias or line_lang
-        kept, family_problem = ctx.family_checks(form, [obj[key] for key in form.path_keys], text_len, line_lang)
+        kept, family_problem = ctx.family_checks(form, raws, text_len, line_lang)
         problems.append(family_problem)
     if any(problems):
         check.problems.extend(f"{src}: {p}" for p in problems if p)
         return
-    ctx.add(sample_id, text_len, code_len, line, line_lang, speaker, [obj[key] for key in form.path_keys], kept)
+    ctx.add(sample_id, text_len, code_len, line, line_lang, speaker, raws, kept)
