@@ -86,11 +86,6 @@ def corpus_alphabet() -> set[str]:
     return set(front_end("".join(WORDS))) | {"."}
 
 
-# ---------------------------------------------------------------------------
-# Generation
-# ---------------------------------------------------------------------------
-
-
 def generate(out: Path, spec: DemoCorpusSpec) -> None:
     # Independent child streams keep each part stable if another part changes.
     tok_rng, table_rng, cond_rng, train_rng, val_rng = (
@@ -114,7 +109,8 @@ def generate(out: Path, spec: DemoCorpusSpec) -> None:
     train = _utterances("demo_train", spec.num_train, speakers, sp, table, spec, train_rng)
     val = _utterances("demo_val", spec.num_val, speakers, sp, table, spec, val_rng)
     for utt in (*train, *val):
-        _save_utterance(features, utt)
+        for kind in ("text_ids", "codes", "emo_vec"):
+            _save(features / f"{utt.utt_id}_{kind}.npy", getattr(utt, kind))
 
     prompts = _choose_prompts(train, train_rng)
     _write_jsonl(out / TRAIN_MANIFEST_NAME, (_paired_row(t, p) for t, p in zip(train, prompts)))
@@ -180,28 +176,17 @@ def _utterances(
     utterances = []
     for index in range(count):
         speaker_index = index % len(speakers)  # balanced speakers
-        text, text_ids, codes = _sample_text_and_codes(rng, sp, table, speaker_index, spec.num_codes)
+        while True:  # rejection sampling keeps lengths inside the limits; rarely loops
+            text = _sentence(rng)
+            text_ids = np.asarray(sp.encode(front_end(text), out_type=int), dtype=np.int32)
+            codes = _text_to_codes(text_ids, speaker_index, table, spec.num_codes)
+            if 0 < len(text_ids) <= MAX_TEXT_LEN and len(codes) <= MAX_CODE_LEN:
+                break
         emo_vec = (0.1 * rng.standard_normal(spec.model_dim)).astype(np.float32)
         utterances.append(
             _Utterance(f"{prefix}_{index:05d}", speakers[speaker_index], text, text_ids, codes, emo_vec)
         )
     return utterances
-
-
-def _sample_text_and_codes(
-    rng: np.random.Generator,
-    sp: spm.SentencePieceProcessor,
-    table: _CodeTable,
-    speaker_index: int,
-    num_codes: int,
-) -> tuple[str, np.ndarray, np.ndarray]:
-    # Rejection sampling keeps lengths inside the limits; rarely loops.
-    while True:
-        text = _sentence(rng)
-        text_ids = np.asarray(sp.encode(front_end(text), out_type=int), dtype=np.int32)
-        codes = _text_to_codes(text_ids, speaker_index, table, num_codes)
-        if 0 < len(text_ids) <= MAX_TEXT_LEN and len(codes) <= MAX_CODE_LEN:
-            return text, text_ids, codes
 
 
 def _choose_prompts(train: Sequence[_Utterance], rng: np.random.Generator) -> list[_Utterance]:
@@ -216,20 +201,9 @@ def _choose_prompts(train: Sequence[_Utterance], rng: np.random.Generator) -> li
     return prompts
 
 
-# ---------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------
-
-
 def _save(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as f:
         np.save(f, array, allow_pickle=False)
-
-
-def _save_utterance(features: Path, utt: _Utterance) -> None:
-    _save(features / f"{utt.utt_id}_text_ids.npy", utt.text_ids)
-    _save(features / f"{utt.utt_id}_codes.npy", utt.codes)
-    _save(features / f"{utt.utt_id}_emo_vec.npy", utt.emo_vec)
 
 
 def _rel(name: str) -> str:

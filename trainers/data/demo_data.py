@@ -49,11 +49,6 @@ class DemoAssets:
     val_manifest: Path
 
 
-# ---------------------------------------------------------------------------
-# Public entry point
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class CorpusMaker:
     """How a model family's demo corpus is made: its generator, tokenizer file name and version (IndexTTS2's
@@ -102,12 +97,7 @@ def spec_fingerprint(spec: DemoCorpusSpec, variant: str = "") -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-# ---------------------------------------------------------------------------
-# Marker / installation
-# ---------------------------------------------------------------------------
-
-
-def _assets(root: Path, tokenizer_name: str = TOKENIZER_NAME) -> DemoAssets:
+def _assets(root: Path, tokenizer_name: str) -> DemoAssets:
     return DemoAssets(
         root=root,
         tokenizer=root / tokenizer_name,
@@ -116,7 +106,7 @@ def _assets(root: Path, tokenizer_name: str = TOKENIZER_NAME) -> DemoAssets:
     )
 
 
-def _is_ready(root: Path, fingerprint: str, tokenizer_name: str = TOKENIZER_NAME) -> bool:
+def _is_ready(root: Path, fingerprint: str, tokenizer_name: str) -> bool:
     marker = root / READY_NAME
     if not marker.is_file():
         return False
@@ -127,7 +117,7 @@ def _is_ready(root: Path, fingerprint: str, tokenizer_name: str = TOKENIZER_NAME
     return all(p.is_file() for p in (assets.tokenizer, assets.train_manifest, assets.val_manifest))
 
 
-def _install(tmp: Path, root: Path, fingerprint: str, tokenizer_name: str = TOKENIZER_NAME) -> None:
+def _install(tmp: Path, root: Path, fingerprint: str, tokenizer_name: str) -> None:
     """Atomically move a finished corpus from ``tmp`` to ``root``."""
     stale: Path | None = None
     if root.exists():
@@ -147,7 +137,7 @@ def _install(tmp: Path, root: Path, fingerprint: str, tokenizer_name: str = TOKE
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _check_owned(root: Path, tokenizer_name: str = TOKENIZER_NAME) -> None:
+def _check_owned(root: Path, tokenizer_name: str) -> None:
     """Refuse to delete a directory that holds anything we did not write."""
     if not root.is_dir():
         raise FileExistsError(f"demo root {root} exists and is not a directory")
