@@ -65,7 +65,7 @@ class FeatureSpec:
             "the tokenizer probably doesn't match the data (or the config's vocabulary size is wrong)"
         )
         array = self.load(sample, "text_ids", path)
-        return _int_vector(sample, "text_ids", path, array, sample.text_len, "text_len", self.number_text_tokens, hint)
+        return _int_vector(sample, "text_ids", path, array, "text_len", self.number_text_tokens, hint)
 
     def codes(self, sample: Sample) -> np.ndarray:
         path = sample.codes_path
@@ -74,7 +74,7 @@ class FeatureSpec:
             array = array[0]  # [1, N] as saved by batch-of-one extractors
         hint = f"semantic codes must be < {self.max_code} (start_mel_token); were stop/special tokens saved as data?"
         # Suspicious trailing runs are reported by the loader in the main process (once per sample).
-        return _int_vector(sample, "codes", path, array, sample.code_len, "code_len", self.max_code, hint)
+        return _int_vector(sample, "codes", path, array, "code_len", self.max_code, hint)
 
     def _condition(self, sample: Sample) -> np.ndarray:
         path = sample.condition_path
@@ -104,17 +104,10 @@ def _load_npy(sample: Sample, what: str, path: str) -> np.ndarray:
     return array
 
 
-def _int_vector(
-    sample: Sample,
-    what: str,
-    path: str,
-    array: np.ndarray,
-    expected_len: int,
-    length_key: str,
-    upper: int,
-    range_hint: str,
-) -> np.ndarray:
-    """Check a 1-D integer id array against its manifest length and id range."""
+def _int_vector(sample: Sample, what: str, path: str, array: np.ndarray, length_key: str, upper: int,
+                range_hint: str) -> np.ndarray:
+    """Check a 1-D integer id array against its manifest length (the sample's `length_key`) and id range."""
+    expected_len = getattr(sample, length_key)
     if array.ndim != 1:
         raise _fail(sample, what, path, f"expected a 1-D array of {expected_len} ids, found shape {list(array.shape)}")
     if not np.issubdtype(array.dtype, np.integer):

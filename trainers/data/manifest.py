@@ -39,18 +39,13 @@ class ManifestError(ValueError):
 
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)
-        super().__init__(format_problems(self.problems))
+        shown = self.problems[:MAX_LISTED_PROBLEMS]
+        if len(self.problems) > MAX_LISTED_PROBLEMS:
+            shown.append(f"... and {len(self.problems) - MAX_LISTED_PROBLEMS} more problems")
+        super().__init__("\n".join(shown))
 
     def __reduce__(self):  # keep `problems` intact across pickling (worker processes)
         return (type(self), (self.problems,))
-
-
-def format_problems(problems: Sequence[str], limit: int = MAX_LISTED_PROBLEMS) -> str:
-    """Join problems one per line, listing at most `limit` of them."""
-    lines = list(problems[:limit])
-    if len(problems) > limit:
-        lines.append(f"... and {len(problems) - limit} more problems")
-    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -169,7 +164,7 @@ class Validated:
 
 
 def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str) -> Validated:
-    """Parse and validate all manifests; raise one ManifestError listing every problem."""
+    """Parse and validate all manifests (warning of repeated ids); raise one ManifestError listing every problem."""
     check = Validator(limits=limits, flag=flag)
     if not specs:
         check.problems.append(f"{flag}: no manifest given; pass at least one PATH or PATH::LANG")
@@ -185,6 +180,7 @@ def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: 
             logger.info("%s", line)
     table = check.table.build()
     duplicates = repeated_ids(np.frombuffer(check.table.id_hashes, dtype=np.int64), table.ids)
+    warn_duplicate_ids(table, duplicates)
     folders = check.folders.arrays(table.folders.strings(), check.table.file_index)
     return Validated(table, duplicates, folders)
 
@@ -193,9 +189,7 @@ def load_manifests(
     specs: Sequence[ManifestSpec], limits: DataLimits, *, flag: str = "--train-manifest"
 ) -> SampleTable:
     """Parse and validate all manifests into a table; raise one ManifestError listing every problem."""
-    checked = validate_manifests(specs, limits, flag)
-    warn_duplicate_ids(checked.table, checked.duplicates)
-    return checked.table
+    return validate_manifests(specs, limits, flag).table
 
 
 def manifests_fingerprint(specs: Sequence[ManifestSpec]) -> str:

@@ -118,7 +118,6 @@ def read_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str,
             return CheckedManifests(reused.table, fingerprint, _CacheWrite(cache, key, reused, fingerprint, True)
                                     if reused.folders is not None else None)
     checked = validate_manifests(specs, limits, flag)
-    warn_duplicate_ids(checked.table, checked.duplicates)
     fingerprint = fingerprint or manifests_fingerprint(specs)
     return CheckedManifests(checked.table, fingerprint, _CacheWrite(cache, key, checked, fingerprint) if key else None)
 
@@ -182,4 +181,3 @@ def _recheck_files(table: SampleTable, folders: list[str]) -> dict[str, np.ndarr
 def _distrust(path: Path, why: str) -> None:
     log.warning("the validated-manifest cache %s is damaged or unreadable (%s): checking the manifests in full; "
                 "the cache is written again", path, why)
-    return None
