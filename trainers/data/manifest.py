@@ -164,7 +164,7 @@ class Validated:
 
 
 def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str) -> Validated:
-    """Parse and validate all manifests (warning of repeated ids); raise one ManifestError listing every problem."""
+    """Parse and validate all manifests (a warning for repeated ids); one ManifestError lists every problem."""
     check = Validator(limits=limits, flag=flag)
     if not specs:
         check.problems.append(f"{flag}: no manifest given; pass at least one PATH or PATH::LANG")

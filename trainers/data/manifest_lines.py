@@ -136,8 +136,8 @@ class ManifestForms:
     what is wrong with a sample's language (None: nothing); `text_language(first_id, text_tokens)` names the
     language whose token the text's first id is (None: no language token), which must be the sample's language;
     `archive_arrays(path)` lists the arrays of a feature file that is an archive of several (None: one array; a
-    string: what is wrong with it), each role reading the array `role_arrays` names (PATH_ROLES), so an archive without
-    one is refused by line when the manifests are checked, not when its sample is first read mid-run.
+    string: what is wrong with it), each role (PATH_ROLES) reading the array `role_arrays` names, so an archive
+    without one is refused by line when the manifests are checked, not when its sample is first read mid-run.
     """
 
     name: str
@@ -214,7 +214,7 @@ class FileContext:
     def family_checks(self, form: LineForm, raws: list[str], text_len: int, lang: str | None,
                       ) -> tuple[int, str | None]:
         """The family's own checks of a line (ManifestForms): (the text length the table keeps, a problem or None).
-        `raws`: the line's paths of PATH_ROLES; `lang`: the line's own language (`::LANG` of the manifest overrides it)."""
+        `raws`: the line's paths of PATH_ROLES; `lang`: the line's own language (`::LANG` overrides it)."""
         forms = self.check.limits.forms
         if forms.language_problem is not None:
             problem = forms.language_problem(self.language(lang))
@@ -283,7 +283,8 @@ class FileContext:
         if kept != text_len:
             self.check.dropped_ids += text_len - kept
             self.check.samples_with_dropped += 1
-        self.check.table.add(sample_id, kept, code_len, self.manifest, line, self.language(lang), speaker, files)
+        table = self.check.table
+        table.add(sample_id, kept, code_len, self.manifest, line, self.language(lang), speaker, files)
 
 
 def _type_name(value: Any) -> str:
@@ -317,7 +318,7 @@ def _path_problem(key: str, value: Any, ctx: FileContext) -> str | None:
 
 
 def _optional_str(obj: dict[str, Any], key: str | None) -> tuple[str | None, str | None]:
-    """Return (value, None) for an optional name field (None when the form has no such field), or (None, problem)."""
+    """(value, None) for an optional name field (None: the form has no such field), or (None, problem)."""
     value = obj.get(key)
     name = _name(value)
     if name is not False:

@@ -152,10 +152,10 @@ class SampleTable(Sequence[Sample]):
         self.arrays = arrays
         self.backing = backing  # the cache file the arrays are mapped from, if any
         self.reopen = reopen  # maps `backing` again (table_file.map_table: the reader, which imports this module)
-        self.ids, self.files, self.folders, self.speakers = (
-            StringPool(arrays[f"{n}_data"], arrays[f"{n}_offsets"]) for n in ("id", "file", "folder", "speaker_name"))
-        self.manifest_names = StringPool(arrays["manifest_name_data"], arrays["manifest_name_offsets"]).strings()
-        self.lang_names = StringPool(arrays["lang_name_data"], arrays["lang_name_offsets"]).strings()
+        pools = {n: StringPool(arrays[f"{n}_data"], arrays[f"{n}_offsets"]) for n in POOLS}
+        self.ids, self.files, self.folders = pools["id"], pools["file"], pools["folder"]
+        self.speakers = pools["speaker_name"]
+        self.manifest_names, self.lang_names = pools["manifest_name"].strings(), pools["lang_name"].strings()
 
     def __len__(self) -> int:
         return len(self.arrays["line"])
@@ -183,10 +183,9 @@ class SampleTable(Sequence[Sample]):
         if not 0 <= i < n:
             raise IndexError(f"sample {i} of {n}")
         a = self.arrays
-        paths = [self.path(int(a[role][i])) for role in PATH_ROLES]
+        paths = {f"{role}_path": self.path(int(a[role][i])) for role in PATH_ROLES}
         lang, speaker = int(a["lang"][i]), int(a["speaker"][i])
-        return Sample(index=i, id=self.ids[i], source=self.source(i), text_ids_path=paths[0], codes_path=paths[1],
-                      condition_path=paths[2], emo_vec_path=paths[3], text_len=int(a["text_len"][i]),
+        return Sample(index=i, id=self.ids[i], source=self.source(i), **paths, text_len=int(a["text_len"][i]),
                       code_len=int(a["code_len"][i]), lang=self.lang_names[lang] if lang >= 0 else None,
                       speaker=self.speakers[speaker] if speaker >= 0 else None)
 
@@ -229,7 +228,7 @@ class SampleTable(Sequence[Sample]):
             name, sep, line = s.source.rpartition(":")
             numbered = bool(sep) and line.isdigit() and int(line) > 0
             manifest = builder.manifest(name if numbered else s.source)
-            files = [builder.file(p) for p in (s.text_ids_path, s.codes_path, s.condition_path, s.emo_vec_path)]
+            files = [builder.file(getattr(s, f"{role}_path")) for role in PATH_ROLES]
             builder.add(s.id, s.text_len, s.code_len, manifest, int(line) if numbered else NO_LINE, s.lang,
                         s.speaker, files)
         return builder.build()

@@ -57,9 +57,7 @@ class TrainData:
         self.step_in_epoch = 0  # steps taken in this epoch (a label: the offset is the position)
         self.samples_in_epoch = 0
         # How the current epoch's order was made.
-        self.order_batch = self.epoch_batch
-        self.order_grouped = grouped
-        self.order_samples = self.subset_size
+        self.order_batch, self.order_grouped, self.order_samples = self.epoch_batch, grouped, self.subset_size
 
     @property
     def steps_per_epoch(self) -> int:
@@ -156,8 +154,7 @@ class TrainData:
         # Files written before training subsets existed trained every sample.
         order_samples = min(int(state.get("order_samples") or len(self.pool)), len(self.pool))
         if samples_in_epoch >= order_samples:  # a format-1 file saved at the very end of an epoch
-            epoch, step_in_epoch, samples_in_epoch = epoch + 1, 0, 0
-            order_batch, order_grouped, order_samples = self.epoch_batch, self.grouped, self.subset_size
+            epoch, samples_in_epoch = epoch + 1, 0
         if samples_in_epoch == 0:  # nothing of this epoch trained yet: it takes today's settings
             step_in_epoch = 0
             order_batch, order_grouped, order_samples = self.epoch_batch, self.grouped, self.subset_size
