@@ -109,7 +109,6 @@ class TrainConfig:
     learning_rate: float = setting(2e-5, "peak learning rate", resume=RESULT, bound=LEARNING_RATE, aliases=("--lr",),
                                    demo=3e-3)
     warmup_steps: int = setting(500, "linear warmup steps", resume=RESULT, bound=count(), demo=20)
-    # 0 until resolved: the planned length of the run's first invocation
     lr_decay_steps: int = setting(0, "cosine horizon (0: the planned length of the first run)", resume=RESULT,
                                   bound=count())
     min_lr_ratio: float = setting(0.0, "final learning rate as a fraction of the peak", resume=RESULT,
@@ -136,7 +135,6 @@ class TrainConfig:
     dropout_masks: str = setting("v2", "dropout mask generator: v2 is faster than v1; v3 makes each mask in the "
                                  "kernel that applies it (for GPUs; slower than v2 on a CPU); runs saved before v2 "
                                  "existed keep v1", resume=RESULT, choices=("v1", "v2", "v3"), legacy="v1")
-    # A seed-keyed subset of this many training samples (0: all of them; every sample before subsets).
     train_samples: int = setting(
         0, "train on this many of the manifests' samples, a fixed seed-keyed subset (0: all); a change takes effect "
         "at the next epoch", resume=RESULT, bound=count(), legacy=0)
@@ -145,15 +143,10 @@ class TrainConfig:
     data_order: str = setting("grouped", "grouped: each step holds samples of similar length (little padding); "
                               "random: plain shuffled steps", resume=RESULT, choices=("grouped", "random"),
                               legacy="random", demo="random")
-    # None until resolved: on when the tokenizer extends the base checkpoint's vocabulary (before the option, every
-    # row was trained).
     freeze_base_vocab: bool | None = setting(
         None, "keep the base checkpoint's text embedding/head rows bit-identical", resume=RESULT, negatable=True,
         shown="on when the tokenizer extends the base vocabulary", legacy=False)
-    # A model family with language rows (IndexTTS-2.5): these languages' rows train (their lang_embedding row and
-    # <|xx|> token row), every other row of those tables is held bit-identical. The learning rate of the tables
-    # whose rows are partly held (these, or an extended vocabulary's text tables) times new_rows_lr_scale. A run
-    # without new rows saves neither (as every run before them).
+    # A family's language rows (IndexTTS-2.5). A run without new rows saves neither (as every run before them).
     new_languages: tuple[str, ...] = setting(
         (), "IndexTTS-2.5: train these languages' rows (lang_embedding, and the <|xx|> token's text rows where it has "
         "one) and hold every other row of those tables bit-identical", resume=RESULT, flag="--new-language",
@@ -186,9 +179,7 @@ class TrainConfig:
         bound=finite(0.0, 1.0, high_open=True), legacy=0.0, saved_if=differs_from_legacy)
     ema_start: int = setting(0, "the moving average equals the weights up to this step, then averages them",
                              resume=RESULT, bound=count(), legacy=0, saved_if=differs_from_legacy)
-    # Run-time choices that do not change the result beyond float rounding.
-    # Mixed precision: auto is bf16 on GPUs that have it, fp16 with a loss scaler on older GPUs, fp32 on the CPU
-    # (trainers/hardware/precision.py).
+    # Run-time choices that change the result by float rounding at most (--amp: hardware/precision.py).
     amp: str = setting(
         "auto", "mixed precision. auto: bf16 on GPUs that have it, fp16 with a loss scaler on older GPUs (T4, V100), "
         "fp32 on the CPU; bf16 / fp16: that autocast dtype (also on the CPU); off: fp32. A bare --amp is auto. A "
@@ -223,14 +214,13 @@ class TrainConfig:
     best_metric: str = setting(
         "mel_loss", "validation metric whose best value is kept as OUTPUT_DIR/best.pth; a gen/* metric needs "
         "--sample-interval", resume=FREE, choices=BEST_METRICS)
-    # Generate the chosen validation samples at validations of steps divisible by this (0: off). Off by default:
-    # on the CPU the official model takes minutes per 4 samples (docs/architecture.md, "Generation").
+    # Off by default: on the CPU the official model takes minutes per 4 samples (docs/architecture.md,
+    # "Generation").
     sample_interval: int = setting(
         0, "generate mel codes for a few validation samples per language at the validations of steps divisible by N, "
         "with gen/* metrics and OUTPUT_DIR/samples/ (0: off)", resume=FREE, bound=count(), legacy=0)
-    # Greedy generation unless the temperature is > 0: then codes are drawn, with top-k (0: off) and top-p
-    # (1.0: off), from a generator per sample keyed by the seed (trainers/run/validation_generation.py). Far above
-    # a temperature of ~2 every code is about as likely, so more than 100 is a typo.
+    # Drawn in trainers/run/validation_generation.py. Far above a temperature of ~2 every code is about as
+    # likely, so more than 100 is a typo.
     sample_temperature: float = setting(
         0.0, "generation at validation draws codes at this temperature, from a generator per sample keyed by --seed "
         "(0: greedy; IndexTTS2 inference uses 0.8)", resume=FREE, bound=finite(0.0, 100.0), legacy=0.0)
@@ -242,10 +232,8 @@ class TrainConfig:
     early_stop_patience: int = setting(
         0, "end training (status 0, final checkpoint saved) after N validations in a row without a new best "
         "--best-metric (0: off); a resume may raise it to continue", resume=FREE, bound=count(), legacy=0)
-    # The forgetting guard (trainers/training/forgetting.py); none before it existed.
-    # A fraction in [0, 1] (1: a 100% rise, the figure doubled). Above 1 it is a percentage typed for the fraction:
-    # 10 meant as 10% is a 1000% rise, which no forgetting reaches, so the guard would never fire; refused with the
-    # fraction to pass.
+    # The forgetting guard (trainers/training/forgetting.py); none before it existed. A limit above 1 (a 100%
+    # rise) is a percentage typed for the fraction, which no forgetting reaches: refused, naming the fraction.
     forgetting_limit: float = setting(
         0.0, "a validation whose --forgetting-metric in a base language is worse than at the base model by more than "
         "this fraction of it (0.1: 10%%) is a warning and never best.pth (0: off)", resume=FREE,
