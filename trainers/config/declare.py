@@ -1,12 +1,8 @@
 """One declaration per setting: a dataclass field made by `setting()` carries its flag, help, range, resume class,
 the value older runs trained with and the demo's value, and everything else is derived from it.
 
-From the declarations of a settings dataclass (TrainConfig, the launch flags of CommandLine, another command's
-own dataclass): `SettingsParser` is a command's parser of them, whose flags `add_flags` builds in field order
-(`section` opens a --help group; `after` places a flag of a second class after a named one), with help ending in
-the range and the default; `given_values` reads them back; `value_problems` checks values against ranges and
-choices (typed or saved with a run); `names` lists a resume class, `saved_values` completes what an older run
-saved; docs/flags.md's tables of ranges and resume classes are generated from them (tests/test_docs.py). Free of
+The settings dataclasses are TrainConfig, the launch flags of CommandLine and other commands' own;
+docs/flags.md's tables of ranges and resume classes are generated from them (tests/test_docs.py). Free of
 torch: the parser answers --help before torch loads.
 """
 from __future__ import annotations

@@ -47,8 +47,6 @@ WORDS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class DemoCorpusSpec:
-    """Shape and size of the synthetic corpus."""
-
     model_dim: int = 64  # condition/emo_vec width; must equal the demo model's model_dim
     vocab_size: int = 160  # SentencePiece vocabulary size
     num_codes: int = 128  # codes are 0..num_codes-1; start/stop mel tokens come after
@@ -124,7 +122,6 @@ def _sentence(rng: np.random.Generator) -> str:
 
 
 def _train_tokenizer(sentences: Sequence[str], vocab_size: int) -> bytes:
-    """Train a BPE SentencePiece model in memory and return its serialized bytes."""
     buffer = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),

@@ -41,8 +41,6 @@ _OWNED_ENTRIES = frozenset(
 
 @dataclass(frozen=True)
 class DemoAssets:
-    """Paths of a complete demo corpus."""
-
     root: Path
     tokenizer: Path
     train_manifest: Path

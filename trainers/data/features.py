@@ -1,8 +1,7 @@
 """Load one sample's precomputed .npy features and pad micro-batches.
 
-Manifest validation (trainers.data.manifest) only proves the files exist; the
-contents are checked here, when a sample is first read, and every failure
-names the manifest line so the user knows which sample to fix.
+Manifest validation only proves the files exist; the contents are checked here, when a sample is first read,
+and every failure names the manifest line so the user knows which sample to fix.
 
 A sample becomes named arrays (`FeatureSpec.read`): its text ids and codes, and its model family's
 conditioning inputs (IndexTTS2: `condition` and `emo_vec`); a family with other inputs subclasses

@@ -1,11 +1,8 @@
-"""Parse and validate training manifests (JSONL) before training starts.
+"""Parse and validate training manifests (JSONL) before training starts (a line: trainers.data.manifest_lines).
 
-Every problem in every given manifest is collected and reported in one
-ManifestError, so a data set can be fixed in one pass instead of one crash
-per run. Feature files are only checked for existence here; their contents
-are checked lazily by trainers.data.features when a sample is loaded.
-The samples become a SampleTable (trainers.data.sample_table); a manifest is
-read line by line, so a large one is never held in memory as text.
+Every problem in every given manifest is collected and reported in one ManifestError, so a data set can be
+fixed in one pass instead of one crash per run. The samples become a SampleTable (trainers.data.sample_table);
+a manifest is read line by line, so a large one is never held in memory as text.
 """
 
 from __future__ import annotations
@@ -188,7 +185,6 @@ def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: 
 def load_manifests(
     specs: Sequence[ManifestSpec], limits: DataLimits, *, flag: str = "--train-manifest"
 ) -> SampleTable:
-    """Parse and validate all manifests into a table; raise one ManifestError listing every problem."""
     return validate_manifests(specs, limits, flag).table
 
 

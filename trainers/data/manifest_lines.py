@@ -157,7 +157,7 @@ INDEXTTS2_FORMS = ManifestForms("indextts2", _detect_form, _FORM_HINT)
 
 @dataclass
 class Validator:
-    """Shared state while validating all manifests of one call."""
+    """The state of one call's check of its manifests."""
 
     limits: DataLimits
     flag: str
@@ -292,7 +292,6 @@ def _type_name(value: Any) -> str:
 
 
 def _length_problem(key: str, value: Any, limit: int, limit_key: str) -> str | None:
-    """Describe what is wrong with a token count, or None when it is valid."""
     if type(value) is not int:  # bool is an int subclass; reject it too
         return f"{key} must be an integer, got {value!r} ({_type_name(value)}); write the token count as a JSON integer"
     if value < 1:
@@ -379,7 +378,7 @@ def _fast_line(obj: Any, ctx: FileContext, line: int) -> bool:
 
 
 def check_line(obj: Any, ctx: FileContext, line: int) -> None:
-    """Validate one parsed line (line number `line`); add it to the table or record its problems."""
+    """Add one parsed line's sample to the table, or record its problems."""
     if _fast_line(obj, ctx, line):
         return
     src = f"{ctx.name}:{line}"
