@@ -77,8 +77,6 @@ def grouped_epoch_order(seed: int, epoch: int, lengths: np.ndarray, effective_ba
     4. The full steps are shuffled with the same generator, so a step's length band tells
        nothing about where it falls in the epoch.
     """
-    if window_steps < 1:
-        raise ValueError(f"window_steps must be at least 1, not {window_steps}")
     n, batch = len(lengths), effective_batch
     rng = _epoch_rng(seed, epoch)
     order = rng.permutation(n)  # drawn first: identical to epoch_order(seed, epoch, n)

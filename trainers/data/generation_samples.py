@@ -48,16 +48,10 @@ def id_rank(seed: int, sample_id: str) -> bytes:
     return hashlib.blake2b(text, digest_size=8, person=b"gen-pick").digest()
 
 
-def _language_order(languages: set[str | None]) -> list[str | None]:
-    return sorted((lang for lang in languages if lang is not None)) + ([None] if None in languages else [])
-
-
 def choose(ids: Sequence[str], languages: Sequence[str | None], seed: int, per_language: int = PER_LANGUAGE,
            max_total: int = MAX_TOTAL) -> tuple[list[int], list[str | None]]:
     """Positions in `ids` of the chosen samples (grouped by language, each in rank order), and the
     languages left out by `max_total`. See the module docstring for the rule."""
-    if len(ids) != len(languages):
-        raise ValueError(f"{len(ids)} ids but {len(languages)} languages")
     if per_language < 1 or max_total < 1:
         raise ValueError(f"per_language and max_total must be >= 1, got {per_language} and {max_total}")
     first: dict[str, int] = {}
@@ -66,7 +60,7 @@ def choose(ids: Sequence[str], languages: Sequence[str | None], seed: int, per_l
     groups: dict[str | None, list[tuple[bytes, str, int]]] = {}
     for sample_id, position in first.items():
         groups.setdefault(languages[position], []).append((id_rank(seed, sample_id), sample_id, position))
-    order = _language_order(set(groups))
+    order = sorted(lang for lang in groups if lang is not None) + ([None] if None in groups else [])
     ranked = {lang: [p for _, _, p in sorted(groups[lang])[:per_language]] for lang in order}
     taken: dict[str | None, list[int]] = {lang: [] for lang in order}
     total = 0
