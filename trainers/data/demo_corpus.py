@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from trainers.data.text_front_end import front_end  # on the demo's ASCII sentences: strip, then upper-case
+
 TOKENIZER_NAME = "bpe.model"
 FEATURES_DIR = "features"
 TRAIN_MANIFEST_NAME = "train.jsonl"
@@ -73,11 +75,6 @@ class _Utterance:
     text_ids: np.ndarray  # [L] int32
     codes: np.ndarray  # [T] int32
     emo_vec: np.ndarray  # [D] float32
-
-
-def front_end(text: str) -> str:
-    """IndexTTS2's text front end for the demo's ASCII sentences: strip, then upper-case."""
-    return text.strip().upper()
 
 
 def corpus_alphabet() -> set[str]:

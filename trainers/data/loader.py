@@ -32,9 +32,6 @@ class _PlanSampler:
         for plan in self.plans:
             yield from plan.micro_batches
 
-    def __len__(self) -> int:
-        return sum(len(p.micro_batches) for p in self.plans)
-
 
 class StepLoader:
     def __init__(self, dataset: FeatureDataset, workers: int, pin_memory: bool, seed: int) -> None:

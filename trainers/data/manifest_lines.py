@@ -157,7 +157,7 @@ INDEXTTS2_FORMS = ManifestForms("indextts2", _detect_form, _FORM_HINT)
 
 @dataclass
 class Validator:
-    """The state of one call's check of its manifests."""
+    """The state of one call's check of all its manifests."""
 
     limits: DataLimits
     flag: str
