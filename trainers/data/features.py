@@ -227,14 +227,10 @@ def collate_batch(items: list[dict]) -> Batch:
     every other input stacked (floating ones as float32)."""
     if not items:
         raise ValueError("collate_batch needs at least one item")
-    text_rows = [item["text_ids"] for item in items]
-    code_rows = [item["codes"] for item in items]
-    inputs = {
-        "text_ids": _pad(text_rows),
-        "text_lens": torch.tensor([row.shape[0] for row in text_rows], dtype=torch.int64),
-        "codes": _pad(code_rows),
-        "code_lens": torch.tensor([row.shape[0] for row in code_rows], dtype=torch.int64),
-    }
+    inputs: dict[str, torch.Tensor] = {}
+    for name, lens in (("text_ids", "text_lens"), ("codes", "code_lens")):
+        rows = [item[name] for item in items]
+        inputs[name], inputs[lens] = _pad(rows), torch.tensor([row.shape[0] for row in rows], dtype=torch.int64)
     for name in items[0]:
         if name not in ("index", "id", "text_ids", "codes"):
             stacked = torch.stack([item[name] for item in items])

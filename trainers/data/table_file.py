@@ -45,10 +45,10 @@ def write_table(path: Path, table: SampleTable, key: str, meta: dict[str, Any],
         entries.append([name, a.dtype.str, list(a.shape), offset])
         arrays.append(a)
         offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    padded = [part for a in arrays for part in (memoryview(a).cast("B"), bytes(-a.nbytes % _ALIGN))]
     body = hashlib.sha256()
-    for a in arrays:
-        body.update(memoryview(a).cast("B"))
-        body.update(bytes(-a.nbytes % _ALIGN))
+    for part in padded:
+        body.update(part)
     header = json.dumps({"format": FORMAT, "key": key, "meta": meta, "arrays": entries, "body_bytes": offset,
                          "body_sha256": body.hexdigest()}).encode()
     head = MAGIC + len(header).to_bytes(_LENGTH_BYTES, "little") + header
@@ -57,9 +57,7 @@ def write_table(path: Path, table: SampleTable, key: str, meta: dict[str, Any],
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(tmp, "wb") as f:
         f.write(head)
-        for a in arrays:
-            f.write(memoryview(a).cast("B"))
-            f.write(bytes(-a.nbytes % _ALIGN))
+        f.writelines(padded)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
