@@ -215,12 +215,9 @@ class SettingsParser(argparse.ArgumentParser):
 
     def suggestions(self, extras: Sequence[str]) -> str:
         known = sorted(o for o in self._option_string_actions if o.startswith("--"))
-        meant = []
-        for word in extras:
-            name = word.split("=", 1)[0]
-            if name.startswith("--"):
-                close = _closest_flag(name, known)
-                meant += [(name, close)] if close else []
+        names = [word.split("=", 1)[0] for word in extras if word.startswith("--")]
+        closest = [(name, _closest_flag(name, known)) for name in names]
+        meant = [(name, close) for name, close in closest if close]
         if len(meant) == 1:
             return f"; did you mean {meant[0][1]}?"
         return f"; did you mean {', '.join(f'{c} for {n}' for n, c in meant)}?" if meant else ""

@@ -81,9 +81,8 @@ def share_problems(specs: Sequence[str]) -> list[str]:
     elif shares and all(0 < s < 1 for s in shares) and sum(shares) >= 1:
         problems.append(f"{FLAG}: the shares sum to {float(sum(shares)):g}, leaving no room for the target "
                         "manifest(s) without a share; keep their sum below 1")
-    replays = [p.path for p in parsed if p.share is not None]
     paths = [p.path for p in parsed]
-    for path in sorted({p for p in replays if paths.count(p) > 1}):
+    for path in sorted({p.path for p in parsed if p.share is not None and paths.count(p.path) > 1}):
         problems.append(f"{FLAG} {path}: a replay manifest is given twice; give each manifest once")
     return problems
 
