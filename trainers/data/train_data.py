@@ -66,7 +66,7 @@ class TrainData:
     def steps_left(self, epochs: int, saved: dict[str, Any] | None = None) -> int:
         """Optimizer steps to the end of epoch `epochs - 1`: from here, or from the position a checkpoint's
         data section `saved` holds (read, not restored: the run's plan is decided before its restore)."""
-        epoch, _, samples_in_epoch, _, _, order_samples = self._position(saved) if saved else self._here()
+        epoch, _, samples_in_epoch, _, _, order_samples = self._position(saved or self.state_dict())
         if epoch >= epochs:
             return 0
         this_epoch = math.ceil((order_samples - samples_in_epoch) / self.epoch_batch)
@@ -141,10 +141,6 @@ class TrainData:
             saved = state.get("replayed") or {}
             self.replayed = [int(saved.get(str(r.manifest), 0)) for r in self.mixing.replays]
         self._report_changes()
-
-    def _here(self) -> Position:
-        return (self.epoch, self.step_in_epoch, self.samples_in_epoch, self.order_batch, self.order_grouped,
-                self.order_samples)
 
     def _position(self, state: dict[str, Any]) -> Position:
         """The position a saved data section continues at, with today's settings; changes nothing."""
