@@ -144,9 +144,8 @@ class Mixing:
         return tuple(dict.fromkeys(lang for r in self.replays for lang in r.languages))
 
     def counts(self, targets: int, full: int) -> tuple[int, ...]:
-        """Samples of each replay manifest in a step with `targets` target samples, of `full` in a full step."""
-        if targets >= full:
-            return tuple(r.per_step for r in self.replays)
+        """Samples of each replay manifest in a step with `targets` target samples, of `full` in a full step (a
+        full step's are the per_step counts: the proration is exact in integers)."""
         return tuple(_prorated(r.per_step, targets, full) for r in self.replays)
 
     def describe(self) -> str:
