@@ -22,6 +22,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from itertools import islice
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -54,10 +55,9 @@ class Checked:
         return self.similarity == 1.0
 
 
-def _lines_with_text(spec: ManifestSpec, limit: int) -> Iterator[tuple[str, str, str]]:
-    """(manifest:line, text, ids file path) of the first `limit` lines that carry a text."""
+def _lines_with_text(spec: ManifestSpec) -> Iterator[tuple[str, str, str]]:
+    """(manifest:line, text, ids file path) of each line that carries a text, read as they are asked for."""
     base = os.path.dirname(os.path.abspath(spec.path))
-    found = 0
     with open(spec.path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
@@ -70,10 +70,7 @@ def _lines_with_text(spec: ManifestSpec, limit: int) -> Iterator[tuple[str, str,
                 text, ids_path = obj.get(text_key), obj.get(ids_key)
                 if isinstance(text, str) and text.strip() and isinstance(ids_path, str) and ids_path:
                     yield f"{spec.path}:{number}", text, os.path.join(base, ids_path)
-                    found += 1
                     break
-            if found == limit:
-                return
 
 
 def _stored_ids(path: str) -> list[int] | None:
@@ -101,7 +98,7 @@ def check_text_ids(specs: Sequence[ManifestSpec], tokenizer: str) -> list[Checke
     sp = spm.SentencePieceProcessor(model_file=tokenizer)
     checked = []
     for spec in specs:
-        for source, text, ids_path in _lines_with_text(spec, FIRST_LINES):
+        for source, text, ids_path in islice(_lines_with_text(spec), FIRST_LINES):
             stored = _stored_ids(ids_path)
             if stored is not None:
                 checked.append(check_line(sp, source, text, stored))
