@@ -106,9 +106,7 @@ def _assets(root: Path, tokenizer_name: str) -> DemoAssets:
 
 def _is_ready(root: Path, fingerprint: str, tokenizer_name: str) -> bool:
     marker = root / READY_NAME
-    if not marker.is_file():
-        return False
-    if marker.read_text(encoding="utf-8").strip() != fingerprint:
+    if not marker.is_file() or marker.read_text(encoding="utf-8").strip() != fingerprint:
         return False
     assets = _assets(root, tokenizer_name)
     # Cheap sanity check against a corpus someone partly deleted by hand.
