@@ -39,7 +39,7 @@ DROPPED_IDS = (0, 1)  # start_text / stop_text, dropped from the content as prep
 CONDITION_LATENTS = 32  # IndexTTS2's conditioning latents [32, D]: what a 2.0 feature file holds instead
 # The members of a community .npz, by what they are.
 NPZ_MEMBERS = {"text_ids": "text_ids", "codes": "codes", "spk_emb": "spk_emb", "emo_vec": "emo_vec"}
-# ... and by the role of the line's path that names it (manifest_lines.ROLES): the prompt's file is read for spk_emb.
+# ... and by the role of the line's path naming it (sample_table.PATH_ROLES): the prompt's file gives spk_emb.
 ROLE_MEMBERS = {"text_ids": "text_ids", "codes": "codes", "condition": "spk_emb", "emo_vec": "emo_vec"}
 REMAKE = "re-run the 2.5 preprocessing"
 
