@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -26,14 +25,6 @@ from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 
 log = logging.getLogger("train")
-
-
-@dataclass(frozen=True)
-class Overlap:
-    """Validation samples that are training samples: how many, and the first (val index, train index)."""
-
-    count: int
-    example: tuple[int, int] | None = None
 
 
 def refuse_same_file(train: Sequence[ManifestSpec], val: Sequence[ManifestSpec]) -> None:
@@ -55,8 +46,9 @@ def _same_file(a: os.PathLike, b: os.PathLike) -> bool:
         return False
 
 
-def overlap(train: SampleTable, val: SampleTable) -> Overlap:
-    """Validation samples that share an id or a target codes file with a training sample."""
+def warn_overlap(train: SampleTable, val: SampleTable) -> None:
+    """Say (three log lines, with numbers and an example) when validation samples are training samples: they
+    share an id or a target codes file with one."""
     val_ids: dict[bytes, int] = {}
     for k, key in enumerate(val.ids.as_bytes()):
         val_ids.setdefault(key, k)
@@ -67,10 +59,12 @@ def overlap(train: SampleTable, val: SampleTable) -> Overlap:
             match[k] = i
     _match_codes_files(train, val, match)
     shared = np.flatnonzero(match >= 0)
-    if not len(shared):
-        return Overlap(0)
-    first = int(shared[0])
-    return Overlap(len(shared), (first, int(match[first])))
+    if len(shared):
+        k = int(shared[0])
+        every = "every one" if len(shared) == len(val) else f"{len(shared)} of {len(val)}"
+        log.warning("validation is not held out: %s validation samples are training samples too", every)
+        log.warning("e.g. %s is %s (id %r)", val.source(k), train.source(int(match[k])), val.ids[k])
+        log.warning("(the same id or codes file): their losses measure memorising; drop them from one manifest")
 
 
 def _match_codes_files(train: SampleTable, val: SampleTable, match: np.ndarray) -> None:
@@ -87,15 +81,3 @@ def _match_codes_files(train: SampleTable, val: SampleTable, match: np.ndarray) 
             for k in val_files.get(train.path(file), ()):
                 if match[k] < 0:
                     match[k] = user
-
-
-def warn_overlap(train: SampleTable, val: SampleTable) -> Overlap:
-    """Say (two log lines, with numbers and an example) when validation samples are training samples."""
-    found = overlap(train, val)
-    if found.example is not None:
-        k, i = found.example
-        every = "every one" if found.count == len(val) else f"{found.count} of {len(val)}"
-        log.warning("validation is not held out: %s validation samples are training samples too", every)
-        log.warning("e.g. %s is %s (id %r)", val.source(k), train.source(i), val.ids[k])
-        log.warning("(the same id or codes file): their losses measure memorising; drop them from one manifest")
-    return found
