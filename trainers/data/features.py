@@ -230,7 +230,8 @@ def collate_batch(items: list[dict]) -> Batch:
     inputs: dict[str, torch.Tensor] = {}
     for name, lens in (("text_ids", "text_lens"), ("codes", "code_lens")):
         rows = [item[name] for item in items]
-        inputs[name], inputs[lens] = _pad(rows), torch.tensor([row.shape[0] for row in rows], dtype=torch.int64)
+        inputs[name] = _pad(rows)
+        inputs[lens] = torch.tensor([row.shape[0] for row in rows], dtype=torch.int64)
     for name in items[0]:
         if name not in ("index", "id", "text_ids", "codes"):
             stacked = torch.stack([item[name] for item in items])
