@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import Dataset
 
 from trainers.data.sample_table import Sample, SampleTable
@@ -215,13 +216,6 @@ class Batch:
         return len(self.ids)
 
 
-def _pad(rows: Sequence[torch.Tensor]) -> torch.Tensor:
-    out = torch.zeros(len(rows), max(row.shape[0] for row in rows), dtype=torch.int64)
-    for b, row in enumerate(rows):
-        out[b, : row.shape[0]] = row
-    return out
-
-
 def collate_batch(items: list[dict]) -> Batch:
     """Stack FeatureDataset items into a zero-padded Batch: text ids and codes padded, with their lengths;
     every other input stacked (floating ones as float32)."""
@@ -230,7 +224,7 @@ def collate_batch(items: list[dict]) -> Batch:
     inputs: dict[str, torch.Tensor] = {}
     for name, lens in (("text_ids", "text_lens"), ("codes", "code_lens")):
         rows = [item[name] for item in items]
-        inputs[name] = _pad(rows)
+        inputs[name] = pad_sequence(rows, batch_first=True)  # zeros after each row; the ids are int64
         inputs[lens] = torch.tensor([row.shape[0] for row in rows], dtype=torch.int64)
     for name in items[0]:
         if name not in ("index", "id", "text_ids", "codes"):

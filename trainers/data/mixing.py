@@ -92,11 +92,6 @@ def samples_per_step(share: Fraction, effective_batch: int) -> int:
     return int(share * effective_batch + Fraction(1, 2))
 
 
-def _prorated(count: int, targets: int, full: int) -> int:
-    """round(count x targets / full), halves up, in integers."""
-    return (2 * count * targets + full) // (2 * full)
-
-
 @functools.lru_cache(maxsize=8)
 def _cycle(seed: int, manifest: int, cycle: int, size: int) -> np.ndarray:
     order = np.random.Generator(np.random.PCG64([seed, _REPLAY_KEY, manifest, cycle])).permutation(size)
@@ -144,9 +139,9 @@ class Mixing:
         return tuple(dict.fromkeys(lang for r in self.replays for lang in r.languages))
 
     def counts(self, targets: int, full: int) -> tuple[int, ...]:
-        """Samples of each replay manifest in a step with `targets` target samples, of `full` in a full step (a
-        full step's are the per_step counts: the proration is exact in integers)."""
-        return tuple(_prorated(r.per_step, targets, full) for r in self.replays)
+        """Samples of each replay manifest in a step with `targets` target samples, of `full` in a full step:
+        round(per_step x targets / full), halves up, in integers (so per_step itself in a full step)."""
+        return tuple((2 * r.per_step * targets + full) // (2 * full) for r in self.replays)
 
     def describe(self) -> str:
         """The shares as the run's fingerprint records them: manifest place, language, share (paths left out)."""
