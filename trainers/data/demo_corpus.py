@@ -99,13 +99,13 @@ def generate(out: Path, spec: DemoCorpusSpec) -> None:
     speakers = [f"spk{i}" for i in range(spec.num_speakers)]
     for speaker in speakers:
         condition = cond_rng.standard_normal((CONDITION_FRAMES, spec.model_dim), dtype=np.float32)
-        _save(features / f"{speaker}_condition.npy", condition)
+        np.save(features / f"{speaker}_condition.npy", condition, allow_pickle=False)
 
     train = _utterances("demo_train", spec.num_train, speakers, sp, table, spec, train_rng)
     val = _utterances("demo_val", spec.num_val, speakers, sp, table, spec, val_rng)
     for utt in (*train, *val):
         for kind in ("text_ids", "codes", "emo_vec"):
-            _save(features / f"{utt.utt_id}_{kind}.npy", getattr(utt, kind))
+            np.save(features / f"{utt.utt_id}_{kind}.npy", getattr(utt, kind), allow_pickle=False)
 
     prompts = _choose_prompts(train, train_rng)
     _write_jsonl(out / TRAIN_MANIFEST_NAME, (_paired_row(t, p) for t, p in zip(train, prompts)))
@@ -193,11 +193,6 @@ def _choose_prompts(train: Sequence[_Utterance], rng: np.random.Generator) -> li
         others = [u for u in by_speaker[utt.speaker] if u.utt_id != utt.utt_id]
         prompts.append(others[int(rng.integers(0, len(others)))])
     return prompts
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.save(f, array, allow_pickle=False)
 
 
 def _rel(name: str) -> str:
