@@ -110,8 +110,6 @@ def longest_first(samples: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The samples of one optimizer step, already cut into micro-batches."""
-
     epoch: int
     step_in_epoch: int
     micro_batches: list[list[int]]

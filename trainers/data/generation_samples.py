@@ -23,8 +23,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from trainers.data.sample_table import SampleTable
 
 PER_LANGUAGE = 4  # defaults: a few per language, a bounded total per validation
@@ -73,17 +71,12 @@ def choose(ids: Sequence[str], languages: Sequence[str | None], seed: int, per_l
     return chosen, [lang for lang in order if not taken[lang]]
 
 
-def table_languages(table: SampleTable) -> list[str | None]:
-    """Each row's language (None: the line had none), without making a Sample per row."""
-    names = table.lang_names
-    return [names[k] if k >= 0 else None for k in np.asarray(table.arrays["lang"]).tolist()]
-
-
 def generation_samples(table: SampleTable, seed: int, per_language: int = PER_LANGUAGE,
                        max_total: int = MAX_TOTAL) -> GenerationSamples:
     """The samples of the validation table to generate at every validation of a run seeded `seed`."""
     ids = table.ids.strings()
-    languages = table_languages(table)
+    # Each row's language (None: the line had none), without making a Sample per row.
+    languages = [table.lang_names[k] if k >= 0 else None for k in table.arrays["lang"].tolist()]
     chosen, left_out = choose(ids, languages, seed, per_language, max_total)
     return GenerationSamples(indices=tuple(chosen), ids=tuple(ids[p] for p in chosen),
                              languages=tuple(languages[p] for p in chosen), left_out=tuple(left_out))

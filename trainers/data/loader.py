@@ -50,7 +50,6 @@ class StepLoader:
         self._loader = None
 
     def batches(self, plans: Sequence[StepPlan]) -> Iterator[Batch]:
-        """The micro-batches of `plans`, in order, as CPU batches."""
         assert self._loader is not None, "the loader was closed"
         self._sampler.plans = plans
         for batch in self._loader:

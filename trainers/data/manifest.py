@@ -153,8 +153,6 @@ def warn_duplicate_ids(table: SampleTable, duplicates: tuple[int, int]) -> None:
 
 @dataclass
 class Validated:
-    """What checking the manifests produced: the table, its repeated ids, the record of the feature folders."""
-
     table: SampleTable
     duplicates: tuple[int, int]
     folders: dict[str, np.ndarray]

@@ -42,8 +42,6 @@ TEXT_FIELDS = (("target_text", "target_text_ids_path"), ("text", "text_ids_path"
 
 @dataclass(frozen=True)
 class Checked:
-    """One manifest line: where, its text, the ids it stores, what --tokenizer gives, how alike they are."""
-
     source: str
     text: str
     stored: list[int]
