@@ -8,7 +8,6 @@ the same machine.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -16,7 +15,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -90,7 +89,7 @@ def ensure_demo_assets(root: Path, spec: DemoCorpusSpec = DemoCorpusSpec(), make
 
 def spec_fingerprint(spec: DemoCorpusSpec, variant: str = "") -> str:
     """Stable hash of the spec (plus format version, and a family's variant) stored in the READY marker."""
-    payload = {"format_version": FORMAT_VERSION, **dataclasses.asdict(spec), **({"variant": variant} if variant else {})}
+    payload = {"format_version": FORMAT_VERSION, **asdict(spec), **({"variant": variant} if variant else {})}
     blob = json.dumps(payload, sort_keys=True).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
 
