@@ -53,8 +53,7 @@ def check_features_fit(tables: Sequence[SampleTable], spec: FeatureSpec, config:
     """Refuse (UserError) when the first samples' conditioning features all have a width other than gpt.model_dim."""
     seen = []  # (source, what, path, width) of each readable feature
     for table in tables:
-        for i in range(min(FIRST_SAMPLES, len(table))):
-            sample = table[i]
+        for sample in table[:FIRST_SAMPLES]:
             for what, path, leading in spec.model_dim_files(sample):
                 width = _width(path, leading)
                 if width is not None:
