@@ -146,7 +146,7 @@ class TrainConfig:
     freeze_base_vocab: bool | None = setting(
         None, "keep the base checkpoint's text embedding/head rows bit-identical", resume=RESULT, negatable=True,
         shown="on when the tokenizer extends the base vocabulary", legacy=False)
-    # A family's language rows (IndexTTS-2.5). A run without new rows saves neither (as every run before them).
+    # A family's language rows (IndexTTS-2.5). A run without new rows saves neither (as every run before).
     new_languages: tuple[str, ...] = setting(
         (), "IndexTTS-2.5: train these languages' rows (lang_embedding, and the <|xx|> token's text rows where it has "
         "one) and hold every other row of those tables bit-identical", resume=RESULT, flag="--new-language",

@@ -47,8 +47,7 @@ def _same_file(a: os.PathLike, b: os.PathLike) -> bool:
 
 
 def warn_overlap(train: SampleTable, val: SampleTable) -> None:
-    """Say (three log lines, with numbers and an example) when validation samples are training samples: they
-    share an id or a target codes file with one."""
+    """Warn (with an example) when validation samples share an id or target codes file with training ones."""
     val_ids: dict[bytes, int] = {}
     for k, key in enumerate(val.ids.as_bytes()):
         val_ids.setdefault(key, k)
@@ -59,12 +58,13 @@ def warn_overlap(train: SampleTable, val: SampleTable) -> None:
             match[k] = i
     _match_codes_files(train, val, match)
     shared = np.flatnonzero(match >= 0)
-    if len(shared):
-        k = int(shared[0])
-        every = "every one" if len(shared) == len(val) else f"{len(shared)} of {len(val)}"
-        log.warning("validation is not held out: %s validation samples are training samples too", every)
-        log.warning("e.g. %s is %s (id %r)", val.source(k), train.source(int(match[k])), val.ids[k])
-        log.warning("(the same id or codes file): their losses measure memorising; drop them from one manifest")
+    if not len(shared):
+        return
+    k = int(shared[0])
+    every = "every one" if len(shared) == len(val) else f"{len(shared)} of {len(val)}"
+    log.warning("validation is not held out: %s validation samples are training samples too", every)
+    log.warning("e.g. %s is %s (id %r)", val.source(k), train.source(int(match[k])), val.ids[k])
+    log.warning("(the same id or codes file): their losses measure memorising; drop them from one manifest")
 
 
 def _match_codes_files(train: SampleTable, val: SampleTable, match: np.ndarray) -> None:

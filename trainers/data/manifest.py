@@ -1,4 +1,4 @@
-"""Parse and validate training manifests (JSONL) before training starts (a line: trainers.data.manifest_lines).
+"""Parse and validate training manifests (JSONL) before training starts (a line's checks: manifest_lines).
 
 Every problem in every given manifest is collected and reported in one ManifestError, so a data set can be
 fixed in one pass instead of one crash per run. The samples become a SampleTable (trainers.data.sample_table);
@@ -159,7 +159,7 @@ class Validated:
 
 
 def validate_manifests(specs: Sequence[ManifestSpec], limits: DataLimits, flag: str) -> Validated:
-    """Parse and validate all manifests (a warning for repeated ids); one ManifestError lists every problem."""
+    """Parse and validate all manifests (warning of repeated ids); one ManifestError lists every problem."""
     check = Validator(limits=limits, flag=flag)
     if not specs:
         check.problems.append(f"{flag}: no manifest given; pass at least one PATH or PATH::LANG")

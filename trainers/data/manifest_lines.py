@@ -136,8 +136,8 @@ class ManifestForms:
     what is wrong with a sample's language (None: nothing); `text_language(first_id, text_tokens)` names the
     language whose token the text's first id is (None: no language token), which must be the sample's language;
     `archive_arrays(path)` lists the arrays of a feature file that is an archive of several (None: one array; a
-    string: what is wrong with it), each role (PATH_ROLES) reading the array `role_arrays` names, so an archive
-    without one is refused by line when the manifests are checked, not when its sample is first read mid-run.
+    string: what is wrong with it), each role (PATH_ROLES) reading the array `role_arrays` names, so an
+    archive without one is refused by line when the manifests are checked, not mid-run when first read.
     """
 
     name: str
@@ -304,7 +304,8 @@ def _length_problem(key: str, value: Any, limit: int, limit_key: str) -> str | N
 def _path_problem(key: str, value: Any, ctx: FileContext) -> str | None:
     """What is wrong with a feature path, or None for an existing feature file."""
     if type(value) is not str or not value:
-        return f"{key} must be a non-empty string path, got {value!r} ({_type_name(value)}); fix the manifest line"
+        return (f"{key} must be a non-empty string path, got {value!r} ({_type_name(value)}); "
+                "fix the manifest line")
     path, problem = ctx.feature(value)
     if not problem:
         return None
