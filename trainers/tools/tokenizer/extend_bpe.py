@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import io
 import json
-import logging
 import os
 import random
 import re
@@ -62,7 +61,6 @@ from trainers.tools.tokenizer import sp_model_proto as proto
 from trainers.tools.tokenizer.new_files import create_beside
 from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
 
-log = logging.getLogger("extend_bpe")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -388,7 +386,7 @@ def train_candidates(base: BaseModel, lines: Sequence[str], cfg: ExtendConfig, v
             retry = _retry_vocab_size(str(exc), options["vocab_size"], needed)
             if retry is None or retry == options["vocab_size"]:
                 raise UserError(f"training the candidate model failed: {exc}") from None
-            log.info("candidate size %d refused by sentencepiece, retrying with %d", options["vocab_size"], retry)
+            _say(f"candidate size {options['vocab_size']} refused by sentencepiece, retrying with {retry}")
             options["vocab_size"] = retry
     else:
         raise UserError(f"training the candidate model failed after {CANDIDATE_TRAIN_ATTEMPTS} attempts; "
@@ -753,13 +751,13 @@ def extend(cfg: ExtendConfig) -> ExtendReport:
                         f"{base.size} pieces ({cfg.base_model}); it is the total size of the extended model, "
                         "base pieces included")
     if looks_lower_case(base):
-        log.warning("the base model %s has lower-case letters and no upper-case ones, but IndexTTS2 upper-cases "
-                    "text before tokenizing: at runtime it turns Latin letters into <unk>. Use a base trained on "
-                    "upper-cased text (as the official bpe.model is)", cfg.base_model)
+        _say(f"warning: the base model {cfg.base_model} has lower-case letters and no upper-case ones, but IndexTTS2 "
+             "upper-cases text before tokenizing: at runtime it turns Latin letters into <unk>. Use a base trained "
+             "on upper-cased text (as the official bpe.model is)")
     corpus = read_corpus(cfg, base)
-    log.info("base model %s: %s, %d pieces, byte fallback %s; corpus: %d lines from %d file(s)", cfg.base_model,
-             proto.MODEL_TYPE_NAMES[base.proto.model_type], base.size, "on" if base.proto.byte_fallback else "off",
-             len(corpus.lines), len(cfg.manifests))
+    _say(f"base model {cfg.base_model}: {proto.MODEL_TYPE_NAMES[base.proto.model_type]}, {base.size} pieces, byte "
+         f"fallback {'on' if base.proto.byte_fallback else 'off'}; corpus: {len(corpus.lines)} lines from "
+         f"{len(cfg.manifests)} file(s)")
     plan = plan_pieces(cfg, base, corpus)
 
     extended = proto.ModelProto(base.proto.pieces + plan.appended, base.proto.other_fields)
@@ -770,9 +768,9 @@ def extend(cfg: ExtendConfig) -> ExtendReport:
         raise VerificationError(f"sentencepiece rejects the extended model: {exc}") from None
     report = check_extended(cfg, base, corpus, plan, new_sp)
     if report.uncoverable_characters:
-        log.warning("the extended model still emits <unk> for %r: the base has these characters only inside "
-                    "longer pieces, and a single-character piece for them could change base-language text",
-                    report.uncoverable_characters)
+        _say(f"warning: the extended model still emits <unk> for {report.uncoverable_characters!r}: the base has "
+             "these characters only inside longer pieces, and a single-character piece for them could change "
+             "base-language text")
 
     write_outputs(
         {cfg.output_model: data,
@@ -781,9 +779,14 @@ def extend(cfg: ExtendConfig) -> ExtendReport:
         verify={cfg.output_model: lambda tmp: verify_model_file(tmp, base, cfg.target_size)},
     )
     for line in report_lines(report):
-        log.info("%s", line)
-    log.info("wrote %s (%d pieces), %s and %s", cfg.output_model, report.new_size, cfg.output_vocab, cfg.report)
+        _say(line)
+    _say(f"wrote {cfg.output_model} ({report.new_size} pieces), {cfg.output_vocab} and {cfg.report}")
     return report
+
+
+def _say(line: str) -> None:
+    """The tool's messages: plain lines on stderr, warnings and errors prefixed (stdout stays free)."""
+    print(line, file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -854,40 +857,14 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-class _StderrHandler(logging.Handler):
-    """Writes to the current sys.stderr, so redirection (and pytest capture) always applies."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-        except Exception:  # pragma: no cover - logging must never raise
-            self.handleError(record)
-
-
-class _PlainFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        return message if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {message}"
-
-
-def setup_logging() -> None:
-    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(_PlainFormatter())
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-
-
 @quiet_broken_pipes()
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
     try:
         extend(parse_config(argv))
     except UserError as exc:
-        log.error("%s", exc)
+        _say(f"error: {exc}")
         return EXIT_USAGE
     except VerificationError as exc:
-        log.error("%s", exc)
+        _say(f"error: {exc}")
         return EXIT_FAILED
     return EXIT_OK
