@@ -88,10 +88,6 @@ class HeldRows:
             held.append(mask.view(-1, *([1] * (p.dim() - 1))))
         return cls(names, params, [list(trained[n]) for n in names], held, [p.detach().clone() for p in params])
 
-    def describe(self) -> str:
-        """'lang_embedding.weight[9, 99], text_embedding.weight[...]': the rows that train."""
-        return ", ".join(self.parts())
-
     def parts(self) -> list[str]:
         """The rows that train, a table each: 'lang_embedding.weight[9, 99]'."""
         return [f"{name}{rows}" for name, rows in zip(self.names, self.trained)]

@@ -316,7 +316,7 @@ class UnifiedVoiceGPT(nn.Module):
         text_e = self.text_embeddings(text_in, **conditioning)
         mel_e = self.mel_embedding(mel_in) + self.mel_pos_embedding(m2)
         x = torch.cat([prefix.to(text_e.dtype), text_e, mel_e], dim=1)  # upstream order
-        text_pos, mel_pos = _positions(text_lens, code_lens, t2, m2, layout, packed_len, self.prefix_len)
+        text_pos, mel_pos = _positions(text_lens, t2, m2, layout, packed_len, self.prefix_len)
         if layout == "packed":
             x = _gather_time(x, _packed_source(text_lens, t2, m2, packed_len, self.prefix_len))
         p = self.cfg.dropout if self.training else 0.0
@@ -465,8 +465,8 @@ def _read_packed_length(text_lens: torch.Tensor, code_lens: torch.Tensor, prefix
     return packed_length(text_lens, code_lens, prefix_len)
 
 
-def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: int, layout: str,
-               packed_len: int | None = None, prefix_len: int = PREFIX_LEN) -> tuple[torch.Tensor, torch.Tensor]:
+def _positions(text_lens: torch.Tensor, t2: int, m2: int, layout: str, seq_len: int | None,
+               prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence positions of the text and mel inputs of every sample in the chosen layout."""
     b = text_lens.shape[0]
     j_text = torch.arange(t2, device=text_lens.device).unsqueeze(0).expand(b, -1)
@@ -475,7 +475,6 @@ def _positions(text_lens: torch.Tensor, code_lens: torch.Tensor, t2: int, m2: in
         return prefix_len + j_text, prefix_len + t2 + j_mel
     if layout != "packed":
         raise ValueError(f"unknown layout {layout!r}; use 'packed' or 'upstream'")
-    seq_len = packed_len if packed_len is not None else _read_packed_length(text_lens, code_lens, prefix_len)
     # Positions past a sample's own length point at padding; their targets are ignored.
     text_pos = (prefix_len + j_text).clamp(max=seq_len - 1)
     mel_pos = (prefix_len + text_lens.unsqueeze(1) + 2 + j_mel).clamp(max=seq_len - 1)

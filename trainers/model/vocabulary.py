@@ -31,31 +31,6 @@ class Vocabulary:
         return {"text_tokens": self.text_tokens, "base_text_tokens": self.base_text_tokens}
 
 
-def tokenizer_size(path: str | None) -> int:
-    """Pieces of the SentencePiece model at `path` (the number of text tokens of the run)."""
-    if not path or not Path(path).is_file():
-        raise UserError(f"--tokenizer {path}: file not found")
-    try:
-        return spm.SentencePieceProcessor(model_file=path).get_piece_size()
-    except Exception as exc:
-        raise UserError(f"--tokenizer {path}: not a SentencePiece model ({exc})") from None
-
-
-def check_extends(old_path: str | None, new_path: str, checkpoint: Path) -> None:
-    """A larger tokenizer must keep every piece of the one the checkpoint was trained with, at its id."""
-    if not old_path or not Path(old_path).is_file():
-        log.info("the tokenizer %s was trained with is not available, so it cannot be checked that %s extends it",
-                 checkpoint, new_path)
-        return
-    old, new = (spm.SentencePieceProcessor(model_file=p) for p in (old_path, new_path))
-    for i in range(min(old.get_piece_size(), new.get_piece_size())):
-        if old.id_to_piece(i) != new.id_to_piece(i):
-            raise UserError(
-                f"--tokenizer {new_path} is not an extension of {old_path}, which {checkpoint} was trained with: id {i} "
-                f"is {new.id_to_piece(i)!r} there but {old.id_to_piece(i)!r} in the original. Extend the original with "
-                "tools/tokenizer/extend_bpe.py so existing ids keep their meaning")
-
-
 class TokenizerAdapter(Protocol):
     """A model family's tokenizer: what --tokenizer names, its size, whether a file is of its kind, whether one
     extends another, what its size must be beside the config's gpt.number_text_tokens (a problem, or None), the
@@ -78,17 +53,23 @@ class TokenizerAdapter(Protocol):
 
 @dataclass(frozen=True)
 class SentencePieceTokenizer:
-    """IndexTTS2's tokenizer (bpe.model), through the functions above."""
+    """IndexTTS2's tokenizer (bpe.model)."""
 
     kind: str = "SentencePiece model"
     checks_manifest_text: bool = True
 
     def size(self, path: str | None) -> int:
-        return tokenizer_size(path)
+        """Pieces of the SentencePiece model at `path` (the number of text tokens of the run)."""
+        if not path or not Path(path).is_file():
+            raise UserError(f"--tokenizer {path}: file not found")
+        try:
+            return spm.SentencePieceProcessor(model_file=path).get_piece_size()
+        except Exception as exc:
+            raise UserError(f"--tokenizer {path}: not a SentencePiece model ({exc})") from None
 
     def recognises(self, path: str) -> bool:
         try:
-            spm.SentencePieceProcessor(model_file=path)
+            self.load(path)
             return True
         except Exception:  # noqa: BLE001 - sentencepiece raises several types for what is not a model
             return False
@@ -97,7 +78,19 @@ class SentencePieceTokenizer:
         return None  # the tokenizer's size is the model's, whatever the config says (a larger one extends it)
 
     def check_extends(self, old_path: str | None, new_path: str, checkpoint: Path) -> None:
-        check_extends(old_path, new_path, checkpoint)
+        """A larger tokenizer must keep every piece of the one the checkpoint was trained with, at its id."""
+        if not old_path or not Path(old_path).is_file():
+            log.info("the tokenizer %s was trained with is not available, so it cannot be checked that %s "
+                     "extends it", checkpoint, new_path)
+            return
+        old, new = self.load(old_path), self.load(new_path)
+        for i in range(min(old.get_piece_size(), new.get_piece_size())):
+            if old.id_to_piece(i) != new.id_to_piece(i):
+                raise UserError(
+                    f"--tokenizer {new_path} is not an extension of {old_path}, which {checkpoint} was "
+                    f"trained with: id {i} is {new.id_to_piece(i)!r} there but {old.id_to_piece(i)!r} in the "
+                    "original. Extend the original with tools/tokenizer/extend_bpe.py so existing ids keep "
+                    "their meaning")
 
     def load(self, path: str) -> spm.SentencePieceProcessor:
         return spm.SentencePieceProcessor(model_file=path)
