@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from trainers.errors import UserError
-from trainers.hardware.host_memory import total_ram_bytes
+from trainers.hardware.host_memory import GiB, total_ram_bytes
 
 log = logging.getLogger("train")
 
-GiB = 1024 ** 3
 # CPU runs have no memory probe: system RAM is rarely what limits them, and beyond this size a
 # larger micro-batch no longer makes a CPU step faster.
 CPU_MICRO_BATCH = 16

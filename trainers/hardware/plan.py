@@ -105,16 +105,13 @@ def plan_hardware(cfg: TrainConfig, hardware: Hardware, model: UnifiedVoiceGPT, 
     split, probe = _batch_split(cfg, hardware, model, amp, samples, model_fingerprint, run_dir, oom, write_cache,
                                 world_size)
     workers, why = (cfg.num_workers, "--num-workers") if cfg.num_workers else auto_workers(hardware)
-    plan = HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom, tf32, probe,
-                        amp_reason=precision.reason)
-    plan.world_size = world_size
-    return plan
+    return HardwarePlan(hardware, amp, split, workers, why, cfg.val_batch_size or split.micro_batch, oom,
+                        tf32, probe, world_size=world_size, amp_reason=precision.reason)
 
 
 def _batch_split(cfg: TrainConfig, machine: Hardware, model: UnifiedVoiceGPT, amp: torch.dtype | None,
                  samples: SampleTable, model_fingerprint: str, run_dir: Path, oom: OomInjector,
-                 write_cache: bool = True, world_size: int = 1,
-                 ) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
+                 write_cache: bool, world_size: int) -> tuple[BatchSplit, tuple[ProbeCache, ProbeKey] | None]:
     """The micro-batch split: as given (below a size that ran out of memory here), else probed on this GPU
     (cached per machine and settings), else the CPU size."""
     given = choose_split(cfg.effective_batch, cfg.batch_size, cfg.grad_accumulation)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -85,16 +86,10 @@ def generate(out: Path, spec: DemoCorpusSpec) -> None:
                                 "code_len": len(codes)})
     train = rows["demo_train"]
     by_id = {row["id"]: row for row in train}
-    prompts = _choose_prompts([_Utt(r["id"], r["speaker"]) for r in train], train_rng)
+    utterances = [SimpleNamespace(utt_id=r["id"], speaker=r["speaker"]) for r in train]  # what _choose_prompts reads
+    prompts = _choose_prompts(utterances, train_rng)
     _write_jsonl(out / TRAIN_MANIFEST_NAME, (_pair_row(t, by_id[p.utt_id]) for t, p in zip(train, prompts)))
     _write_jsonl(out / VAL_MANIFEST_NAME, rows["demo_val"])
-
-
-class _Utt:
-    """What _choose_prompts reads of an utterance."""
-
-    def __init__(self, utt_id: str, speaker: str) -> None:
-        self.utt_id, self.speaker = utt_id, speaker
 
 
 def _sample(rng: np.random.Generator, enc, table: _CodeTable, speaker_index: int,

@@ -52,11 +52,6 @@ def _problem(sample: Sample | None, what: str, path: str, problem: str) -> Excep
     return _fail(sample, what, path, problem) if sample is not None else _Unreadable(problem)
 
 
-def _archive_member(sample: Sample | None, what: str, path: str) -> np.ndarray:
-    """The array `what` of an .npz (its member of that name) or an .npy file."""
-    return _read_member(sample, what, path)[0]
-
-
 def _read_member(sample: Sample | None, what: str, path: str) -> tuple[np.ndarray, frozenset[str] | None]:
     """The array `what` of an .npz or an .npy file, and the arrays of the archive (None for an .npy)."""
     if not path.endswith(".npz"):
@@ -117,7 +112,7 @@ class IndexTTS25Features(FeatureSpec):
 
     def load(self, sample: Sample, what: str, path: str) -> np.ndarray:
         """The array of an .npz member or an .npy file; text ids without the ids 0 and 1 (their count checked)."""
-        array = _archive_member(sample, what, path)
+        array, _ = _read_member(sample, what, path)
         if what != "text_ids":
             return array
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
