@@ -53,13 +53,17 @@ def host_memory(root: Path = Path("/")) -> HostMemory | None:
     return HostMemory(total, total, "total RAM") if total else None
 
 
+def _text(path: Path, encoding: str = "ascii") -> str:
+    """A file of /proc or /sys; "" where it cannot be read (absent: no such limit here)."""
+    try:
+        return path.read_text(encoding=encoding)
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def _meminfo(path: Path) -> dict[str, int]:
     values = {}
-    try:
-        lines = path.read_text(encoding="ascii").splitlines()
-    except (OSError, UnicodeDecodeError):
-        return {}
-    for line in lines:
+    for line in _text(path).splitlines():
         name, _, rest = line.partition(":")
         parts = rest.split()
         if parts and parts[0].isdigit():
@@ -91,11 +95,7 @@ def _cgroup_limits(root: Path) -> list[tuple[int, int, str]]:
 def _own_cgroups(root: Path) -> tuple[str, str]:
     """This process's cgroup v2 path and cgroup v1 memory-controller path ("" when unknown)."""
     v2 = v1 = ""
-    try:
-        lines = (root / "proc" / "self" / "cgroup").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return v2, v1
-    for line in lines:
+    for line in _text(root / "proc" / "self" / "cgroup", "utf-8").splitlines():
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":
             v2 = path.strip()
@@ -106,19 +106,13 @@ def _own_cgroups(root: Path) -> tuple[str, str]:
 
 def _read_int(path: Path) -> int | None:
     """An integer file; None when missing or "max" (no limit)."""
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+    text = _text(path).strip()
     return int(text) if text.isdigit() else None
 
 
 def _stat_value(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text(encoding="ascii").splitlines():
-            name, _, value = line.partition(" ")
-            if name == key and value.strip().isdigit():
-                return int(value)
-    except (OSError, UnicodeDecodeError):
-        pass
+    for line in _text(path).splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
     return 0

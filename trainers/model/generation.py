@@ -49,11 +49,6 @@ class GeneratedCodes:
     stopped: list[bool]  # whether the sample emitted stop_mel_token within max_codes tokens
 
 
-def mel_position(index: int, mel_positions: str) -> int:
-    """The mel position table's row for the `index`-th mel input (0: start_mel_token)."""
-    return index + 1 if mel_positions == "upstream" and index > 0 else index
-
-
 def _check(model: UnifiedVoiceGPT, conditioning: dict[str, torch.Tensor], text_ids: torch.Tensor,
            text_lens: torch.Tensor, max_codes: int, mel_positions: str) -> None:
     cfg = model.cfg
@@ -103,8 +98,8 @@ def _prompts(model: UnifiedVoiceGPT, text_ids: torch.Tensor, text_lens: torch.Te
 
 
 def _mel_input(model: UnifiedVoiceGPT, codes: torch.Tensor, index: int, mel_positions: str) -> torch.Tensor:
-    """Embedding [B, 1, D] of the `index`-th mel input, `codes` [B]."""
-    row = mel_position(index, mel_positions)
+    """Embedding [B, 1, D] of the `index`-th mel input (0: start_mel_token), `codes` [B]."""
+    row = index + 1 if mel_positions == "upstream" and index > 0 else index
     return (model.mel_embedding(codes) + model.mel_pos_embedding.emb.weight[row]).unsqueeze(1)
 
 

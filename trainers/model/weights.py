@@ -166,7 +166,6 @@ def check_base_fits(path: Path, state: Mapping[str, torch.Tensor], own: Mapping[
         raise UserError("\n".join([f"--base-checkpoint {path} holds non-floating-point tensors where the model has "
                                     "weights:", *not_float, "these must be float32, float16 or bfloat16; pass the "
                                     "original IndexTTS2 gpt.pth (not a quantized or converted copy)"]))
-    missing = sorted(set(own) - set(trained))
     base_tokens = text_tokens_of(trained, path)
     new_tokens = own["text_embedding.weight"].shape[0] - 1
     if new_tokens < base_tokens:
@@ -174,14 +173,9 @@ def check_base_fits(path: Path, state: Mapping[str, torch.Tensor], own: Mapping[
             f"the tokenizer has {new_tokens} pieces but --base-checkpoint {path} has {base_tokens} text tokens; "
             "use the tokenizer the checkpoint was trained with, or an extension of it"
         )
-    mismatched = [
-        f"  {k}: checkpoint {tuple(trained[k].shape)}, model {tuple(own[k].shape)}"
-        for k in sorted(set(trained) & set(own))
-        if _shape_mismatch(k, trained[k].shape, own[k].shape, layout)
-    ]
-    if missing or mismatched or unexpected:
-        lines = [f"--base-checkpoint {path} does not fit the model built from --config:"]
-        lines += [f"  missing: {k}" for k in missing] + mismatched
+    misfits = _misfits(trained, own, layout.text_row_keys)
+    if misfits or unexpected:
+        lines = [f"--base-checkpoint {path} does not fit the model built from --config:", *misfits]
         lines += [f"  not in the model: {k}" for k in unexpected]
         lines.append("check that --config matches the checkpoint (model_dim, layers, heads, max_*_tokens, "
                      "number_mel_codes)")
@@ -206,9 +200,16 @@ def load_base_weights(path: Path, model: nn.Module, state: Mapping[str, torch.Te
                        new_text_rows=new_tokens - base_tokens)
 
 
-def _shape_mismatch(key: str, ckpt: torch.Size, model: torch.Size, layout: StateLayout) -> bool:
-    # Text rows may differ in number (vocabulary extension), never in width.
-    return ckpt[1:] != model[1:] if key in layout.text_row_keys else ckpt != model
+def _misfits(trained: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+             text_rows: tuple[str, ...] = ()) -> list[str]:
+    """Lines naming the model's tensors a state dict lacks, then those of another shape. The `text_rows`
+    tensors may differ in number of rows (a vocabulary extension), never in width."""
+    lines = [f"  missing: {k}" for k in sorted(set(own) - set(trained))]
+    for k in sorted(set(trained) & set(own)):
+        ckpt, model = trained[k].shape, own[k].shape
+        if (ckpt[1:] != model[1:]) if k in text_rows else (ckpt != model):
+            lines.append(f"  {k}: checkpoint {tuple(ckpt)}, model {tuple(model)}")
+    return lines
 
 
 def resize_text_rows(base: torch.Tensor, new_tokens: int) -> torch.Tensor:
@@ -259,9 +260,7 @@ class GPTWeights:
                 return UserError(f"{source} holds {len(set(trained) - set(own))} tensors this LoRA run does not train "
                                  f"(e.g. {sorted(set(trained) - set(own))[0]}): it is not a checkpoint of a LoRA run "
                                  "with these --lora-targets; resume with the LoRA settings it was trained with")
-        problems = [f"  missing: {k}" for k in sorted(set(own) - set(trained))]
-        problems += [f"  {k}: checkpoint {tuple(v.shape)}, model {tuple(own[k].shape)}"
-                     for k, v in sorted(trained.items()) if k in own and v.shape != own[k].shape]
+        problems = _misfits(trained, own)
         if not problems:
             return None
         return UserError("\n".join([f"{source} does not fit the model of this run:", *problems,

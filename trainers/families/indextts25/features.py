@@ -37,9 +37,8 @@ from trainers.families.indextts25.model import SPEAKER_DIM
 
 DROPPED_IDS = (0, 1)  # start_text / stop_text, dropped from the content as prepare_gpt_inputs drops them
 CONDITION_LATENTS = 32  # IndexTTS2's conditioning latents [32, D]: what a 2.0 feature file holds instead
-# The members of a community .npz, by what they are.
-NPZ_MEMBERS = {"text_ids": "text_ids", "codes": "codes", "spk_emb": "spk_emb", "emo_vec": "emo_vec"}
-# ... and by the role of the line's path naming it (sample_table.PATH_ROLES): the prompt's file gives spk_emb.
+# The members of a community .npz (named as the arrays they are), by the role of the line's path naming it
+# (sample_table.PATH_ROLES): the prompt's file gives spk_emb.
 ROLE_MEMBERS = {"text_ids": "text_ids", "codes": "codes", "condition": "spk_emb", "emo_vec": "emo_vec"}
 REMAKE = "re-run the 2.5 preprocessing"
 
@@ -64,11 +63,10 @@ def _read_member(sample: Sample | None, what: str, path: str) -> tuple[np.ndarra
         return array, None
     try:
         with np.load(path, allow_pickle=False) as archive:
-            member = NPZ_MEMBERS[what]
-            if member not in archive.files:
-                raise _problem(sample, what, path, f"the archive has no {member!r} array (it has "
+            if what not in archive.files:
+                raise _problem(sample, what, path, f"the archive has no {what!r} array (it has "
                                                    f"{', '.join(archive.files) or 'none'}); {REMAKE}")
-            return archive[member], frozenset(archive.files)
+            return archive[what], frozenset(archive.files)
     except (FeatureError, _Unreadable):
         raise
     except FileNotFoundError as exc:

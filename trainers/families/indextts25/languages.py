@@ -51,11 +51,6 @@ def lang_id(code: str) -> int:
     return LANGUAGE_IDS[code.lower()]
 
 
-def has_token(code: str) -> bool:
-    """Whether the code owns a <|xx|> special token (the first 99 codes)."""
-    return LANGUAGE_IDS.get(code.lower(), TOKEN_LANGUAGES) < TOKEN_LANGUAGES
-
-
 def language_problem(code: str | None) -> str | None:
     """What is wrong with a sample's language for IndexTTS-2.5 (None: it is one of its codes).
 
@@ -101,8 +96,9 @@ def trained_rows(number_text_tokens: int, codes: tuple[str, ...]) -> dict[str, l
         raise ValueError(f"--new-language {','.join(unknown)}: not one of IndexTTS-2.5's {len(LANGUAGES)} language "
                          f"codes; a language that is not borrows the code of one the model was not trained on "
                          f"(docs/indextts25.md, \"A new language\")")
-    rows = {"lang_embedding.weight": sorted({lang_id(code) for code in codes})}
-    tokens = sorted({first_language_token(number_text_tokens) + lang_id(code) for code in codes if has_token(code)})
+    ids = sorted({lang_id(code) for code in codes})
+    rows = {"lang_embedding.weight": ids}
+    tokens = [first_language_token(number_text_tokens) + i for i in ids if i < TOKEN_LANGUAGES]
     if tokens:
         rows.update({key: tokens for key in ("text_embedding.weight", "text_head.weight", "text_head.bias")})
     return rows
