@@ -107,12 +107,10 @@ class MemoryBudget:
         ddp = self.trainable_bytes + NCCL_BYTES if self.world_size > 1 else 0
         return 2 * self.trainable_bytes + ddp
 
-    def need(self, peak: int) -> int:
-        """The most a step holds beyond the weights, when forward and backward peaked at `peak` bytes."""
-        return max(peak, 2 * self.trainable_bytes) + self.resident
-
     def allows(self, peak: int) -> bool:
-        return self.need(peak) <= self.limit
+        """Whether a step fits, when forward and backward peaked at `peak` bytes: the most it holds beyond the
+        weights is the larger of that peak and the update's temporaries, plus what stays resident."""
+        return max(peak, 2 * self.trainable_bytes) + self.resident <= self.limit
 
 
 def largest_fitting(fits: Callable[[int], bool], upper: int) -> int:

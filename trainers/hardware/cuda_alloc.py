@@ -44,11 +44,6 @@ def _user_value(environ: MutableMapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def expandable(environ: MutableMapping[str, str]) -> bool:
-    found = _user_value(environ)
-    return found is not None and "expandable_segments:true" in found[1].replace(" ", "").lower()
-
-
 def allocator_line(environ: MutableMapping[str, str]) -> str:
     """What the start-up summary says of the CUDA allocator."""
     found = _user_value(environ)
@@ -62,9 +57,9 @@ def allocator_line(environ: MutableMapping[str, str]) -> str:
 
 def fragmentation_advice(environ: MutableMapping[str, str]) -> str:
     """For the out-of-memory message: '' when expandable segments are on, else how to turn them on (two lines)."""
-    if expandable(environ):
-        return ""
     found = _user_value(environ)
+    if found is not None and "expandable_segments:true" in found[1].replace(" ", "").lower():
+        return ""
     setting = f"to reuse it, add expandable_segments:True (comma-separated) to your\n{found[0]}={found[1]}" if found \
         else f"start the trainer with {CUDA_VAR}={EXPANDABLE} to reuse it"
     return f"after repeated halving, free GPU memory can be fragmented (sizes change from step to step):\n{setting}"

@@ -44,12 +44,6 @@ class Sampling:
             raise ValueError(f"sampling top_p must be in (0, 1], got {self.top_p}; 1.0 switches it off")
 
 
-def check_penalty(repetition_penalty: float) -> None:
-    if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty must be positive (1.0: off; infer_v2 uses 10.0), "
-                         f"got {repetition_penalty}")
-
-
 def first_seen(batch: int, vocabulary: int, start_code: int, device: torch.device) -> torch.Tensor:
     """[B, V] bool: the codes upstream's penalty counts before the first step (placeholder and start)."""
     seen = torch.zeros(batch, vocabulary, dtype=torch.bool, device=device)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.model.code_choice import Generators, Sampling, check_penalty, choose, first_seen
+from trainers.model.code_choice import Generators, Sampling, choose, first_seen
 from trainers.model.gpt_model import UnifiedVoiceGPT
 from trainers.model.kv_cache import KVCache, last_logits
 
@@ -123,7 +123,9 @@ def generate_codes(
     not depend on the batch a sample is in, nor do sampled ones with a generator per text; with one generator
     the batch draws from it in turn."""
     _check(model, conditioning, text_ids, text_lens, max_codes, mel_positions)
-    check_penalty(repetition_penalty)
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be positive (1.0: off; infer_v2 uses 10.0), "
+                         f"got {repetition_penalty}")
     if sampling is not None and generator is None:
         raise ValueError("sampled generation needs a torch.Generator (generator=...): it never draws from the "
                          "global RNG, so that generating leaves training's random state alone")

@@ -216,12 +216,9 @@ class WidthDropout:
                  version: str = DEFAULT_MASKS, positions: "PositionHashes | None" = None) -> None:
         self.p, self.keys, self.seq_len, self.device = p, keys, seq_len, device
         self.version, self.positions = version, positions
-        self.active = p > 0 and keys is not None
         self._by_width: dict[int, SampleDropout] = {}
 
     def __call__(self, x: torch.Tensor, site: int) -> torch.Tensor:
-        if not self.active:
-            return x
         width = x.shape[-1]
         if width not in self._by_width:
             self._by_width[width] = SampleDropout(self.p, self.keys, self.seq_len, width, self.device, self.version,
