@@ -77,9 +77,7 @@ class PositionHashes:
 
 
 class SampleDropout:
-    """Dropout whose mask at (sample, site, position, channel) is a pure function of them.
-
-    One instance serves one forward pass: it is built from the samples' keys and the padded
+    """One instance serves one forward pass: it is built from the samples' keys and the padded
     sequence length, and called once per site. Calling it again for a site (gradient
     checkpointing, backward) gives the same mask.
     """
@@ -98,16 +96,15 @@ class SampleDropout:
         assert keys is not None
         self.keys = keys.to(device=device, dtype=torch.int64).view(-1, 1, 1)
         self.scale = 1.0 / (1.0 - p)
+        self.shape = (self.keys.shape[0], seq_len, dim)
         if version == "v1":
             self.cells = torch.arange(seq_len * dim, device=device, dtype=torch.int64).view(1, seq_len, dim)
             self.threshold = int(p * 2**32)
         elif version == "v3":
             fused_masks.check_cells(seq_len * dim)
-            self.shape = (self.keys.shape[0], seq_len, dim)
             self.threshold = fused_masks.threshold(p)
             self._v3_keys: dict[int, torch.Tensor] = {}
         else:
-            self.shape = (self.keys.shape[0], seq_len, dim)
             self.positions = (positions or PositionHashes()).first(-(-seq_len * dim // 2), device)
             # Each 32-bit hash gives two cells' masks, one per 16-bit half: the drop rate is
             # round(p * 2**16) / 2**16, within 2**-17 of p.
