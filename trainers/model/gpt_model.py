@@ -420,12 +420,9 @@ class UnifiedVoiceGPT(nn.Module):
 
 def _init_weights(module: nn.Module) -> None:
     # GPT-2 initialisation; only used when no base checkpoint is given (tests, demo base).
-    if isinstance(module, (nn.Linear, nn.Embedding)):
+    if isinstance(module, (nn.Linear, nn.Embedding, Conv1D)):
         nn.init.normal_(module.weight, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-    elif isinstance(module, Conv1D):
-        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, (nn.Linear, Conv1D)) and module.bias is not None:
         nn.init.zeros_(module.bias)
 
 

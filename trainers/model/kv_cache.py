@@ -30,12 +30,8 @@ class KVCache:
     def empty(cls, model: UnifiedVoiceGPT, pad: torch.Tensor, capacity: int, dtype: torch.dtype) -> "KVCache":
         cfg = model.cfg
         shape = (pad.shape[0], cfg.heads, capacity, cfg.model_dim // cfg.heads)
-        device = pad.device
-
-        def fresh() -> list[torch.Tensor]:
-            return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.layers)]
-
-        return cls(fresh(), fresh(), pad)
+        zeros = [torch.zeros(shape, dtype=dtype, device=pad.device) for _ in range(2 * cfg.layers)]
+        return cls(zeros[:cfg.layers], zeros[cfg.layers:], pad)
 
     def allowed(self, chunk: int) -> torch.Tensor:
         """[B, 1, chunk, length + chunk] bool: which keys each new query may attend to."""

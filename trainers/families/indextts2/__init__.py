@@ -11,7 +11,6 @@ tokenizer (trainers/model/vocabulary.py) and the demo (trainers/data/demo_data.p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
 
 from trainers.config.inference_keys import INFERENCE_GPT_KEYS, INFERENCE_KEYS
 from trainers.data.demo_data import DemoCorpusSpec, ensure_demo_assets
@@ -31,11 +30,6 @@ def make_demo(root: Path, gpt: GPTConfig) -> None:
     ensure_demo_base(root, gpt)
 
 
-def claims(model_yaml: Mapping[str, Any]) -> bool:
-    """The first family: every config that no other family claims."""
-    return True
-
-
 FAMILY = ModelFamily(
     name="indextts2",
     title="IndexTTS2 (2.0)",
@@ -48,7 +42,7 @@ FAMILY = ModelFamily(
     tokenizer=SentencePieceTokenizer(),
     inference_keys=INFERENCE_KEYS,
     tokenizer_config_key="dataset.bpe_model",
-    claims=claims,
+    claims=lambda model_yaml: True,  # the first family: every config that no other family claims
     make_demo=make_demo,
     state_signature=("speed_emb.weight",),
 )
