@@ -86,7 +86,8 @@ def generate(out: Path, spec: DemoCorpusSpec) -> None:
                                 "code_len": len(codes)})
     train = rows["demo_train"]
     by_id = {row["id"]: row for row in train}
-    utterances = [SimpleNamespace(utt_id=r["id"], speaker=r["speaker"]) for r in train]  # what _choose_prompts reads
+    # What _choose_prompts reads of an utterance: its id and speaker.
+    utterances = [SimpleNamespace(utt_id=r["id"], speaker=r["speaker"]) for r in train]
     prompts = _choose_prompts(utterances, train_rng)
     _write_jsonl(out / TRAIN_MANIFEST_NAME, (_pair_row(t, by_id[p.utt_id]) for t, p in zip(train, prompts)))
     _write_jsonl(out / VAL_MANIFEST_NAME, rows["demo_val"])
