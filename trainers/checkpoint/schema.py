@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -233,6 +233,16 @@ def _from_format_1(old: dict[str, Any], path: Path) -> dict[str, Any]:
     }
 
 
+def _field(section: str, key: str, convert: Callable[[Any], Any] = lambda value: value) -> Any:
+    """A read-only accessor of `Checkpoint`: `convert(sections[section][key])`."""
+    return property(lambda self: convert(self.sections[section][key]))
+
+
+def _optional_field(section: str, key: str) -> Any:
+    """An accessor of a field that not every file holds: None where it is absent."""
+    return property(lambda self: self.sections[section].get(key))
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A validated checkpoint in the current format, with typed access for readers."""
@@ -261,101 +271,43 @@ class Checkpoint:
         changed[section] = {**self.sections[section], **values}
         return parse(assemble(changed), self.path or Path("<edited>"), verify=False)
 
-    # -- typed accessors --
+    # -- typed accessors: a section's field as a number (int) or a copy (dict, list) --
     @property
     def model(self) -> dict[str, torch.Tensor]:
         return self.sections["model"]
 
-    @property
-    def optimizer(self) -> dict[str, Any]:
-        return self.sections["optim"]["optimizer"]
-
-    @property
-    def param_shapes(self) -> list[list[Any]]:
-        return [list(x) for x in self.sections["optim"]["param_shapes"]]
-
-    @property
-    def lr_schedule(self) -> dict[str, Any]:
-        return self.sections["optim"]["lr_schedule"]
-
-    @property
-    def step(self) -> int:
-        return int(self.sections["progress"]["step"])
-
-    @property
-    def samples_seen(self) -> int:
-        return int(self.sections["progress"]["samples_seen"])
-
-    @property
-    def best(self) -> dict[str, Any] | None:
-        """The best validation when this was written: {"metric", "value", "step"} (None before best.pth existed)."""
-        return self.sections["progress"].get("best")
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        return list(self.sections["progress"]["history"])
-
-    @property
-    def forgetting(self) -> dict[str, Any] | None:
-        """The forgetting measure's state: {"base": {language: {"step", metric: value}}, "last", "within_step"}
-        (trainers/training/forgetting.py; None in files written before it existed)."""
-        return self.sections["progress"].get("forgetting")
-
-    @property
-    def replayed(self) -> dict[str, int] | None:
-        """With replay mixing: the samples drawn from each replay manifest, by its --train-manifest place."""
-        return self.sections["data"].get("replayed")
-
-    @property
-    def open_log_interval(self) -> dict[str, Any] | None:
-        """The open log interval's sums and step count (None in files written before it was saved)."""
-        return self.sections["progress"].get("interval")
-
-    @property
-    def epoch(self) -> int:
-        return int(self.sections["data"]["epoch"])
-
-    @property
-    def step_in_epoch(self) -> int:
-        return int(self.sections["data"]["step_in_epoch"])
-
-    @property
-    def samples_in_epoch(self) -> int:
-        return int(self.sections["data"]["samples_in_epoch"])
-
-    @property
-    def run_id(self) -> str:
-        return self.sections["run"]["run_id"]
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """The run's saved TrainConfig fields (see trainers.config.settings.saved_settings)."""
-        return dict(self.sections["run"]["config"])
-
-    @property
-    def model_config(self) -> dict[str, Any]:
-        return dict(self.sections["run"]["model_config"])
-
-    @property
-    def fingerprints(self) -> dict[str, str]:
-        return dict(self.sections["run"]["fingerprints"])
+    optimizer = _field("optim", "optimizer")
+    param_shapes = _field("optim", "param_shapes", lambda shapes: [list(x) for x in shapes])
+    lr_schedule = _field("optim", "lr_schedule")
+    step = _field("progress", "step", int)
+    samples_seen = _field("progress", "samples_seen", int)
+    history = _field("progress", "history", list)
+    epoch = _field("data", "epoch", int)
+    step_in_epoch = _field("data", "step_in_epoch", int)
+    samples_in_epoch = _field("data", "samples_in_epoch", int)
+    run_id = _field("run", "run_id")
+    settings = _field("run", "config", dict)  # the run's saved TrainConfig fields (settings.saved_settings)
+    model_config = _field("run", "model_config", dict)
+    fingerprints = _field("run", "fingerprints", dict)
+    text_tokens = _field("run", "vocab", lambda vocab: int(vocab["text_tokens"]))
+    base_text_tokens = _field("run", "vocab", lambda vocab: int(vocab["base_text_tokens"]))
+    versions = _field("run", "versions", dict)
+    machine = _field("hardware", "machine")
+    micro_batch = _field("hardware", "micro_batch", int)
+    amp_dtype = _field("hardware", "amp_dtype")
+    # Fields that files written before them lack: None there. The best validation when this was written:
+    # {"metric", "value", "step"}; the forgetting measure's {"base", "last", "within_step"} (forgetting.py);
+    # with replay mixing, the samples drawn from each replay manifest, by its --train-manifest place; the open
+    # log interval's sums and step count.
+    best = _optional_field("progress", "best")
+    forgetting = _optional_field("progress", "forgetting")
+    replayed = _optional_field("data", "replayed")
+    open_log_interval = _optional_field("progress", "interval")
 
     @property
     def model_family(self) -> str:
         """The name of the run's model family (trainers/families); FIRST_FAMILY where the file names none."""
         return str(self.sections["run"].get("model_family", FIRST_FAMILY))
-
-    @property
-    def text_tokens(self) -> int:
-        return int(self.sections["run"]["vocab"]["text_tokens"])
-
-    @property
-    def base_text_tokens(self) -> int:
-        return int(self.sections["run"]["vocab"]["base_text_tokens"])
-
-    @property
-    def versions(self) -> dict[str, str]:
-        return dict(self.sections["run"]["versions"])
 
     @property
     def lora(self) -> dict[str, Any] | None:
@@ -366,15 +318,3 @@ class Checkpoint:
         return {"rank": config["lora_rank"], "alpha": config["lora_alpha"], "targets": list(config["lora_targets"]),
                 "dropout": config["lora_dropout"], "base": config.get("base_checkpoint"),
                 "base_sha256": self.fingerprints[BASE_FINGERPRINT]}
-
-    @property
-    def machine(self) -> str:
-        return self.sections["hardware"]["machine"]
-
-    @property
-    def micro_batch(self) -> int:
-        return int(self.sections["hardware"]["micro_batch"])
-
-    @property
-    def amp_dtype(self) -> str:
-        return self.sections["hardware"]["amp_dtype"]
