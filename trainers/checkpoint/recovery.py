@@ -84,7 +84,7 @@ def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, 
             raise
         except CheckpointError as exc:
             if not quiet:
-                log.warning("checkpoint %s in %s is damaged and cannot be resumed:", _described(manager, path),
+                log.warning("checkpoint %s in %s is damaged and cannot be resumed:", described(run_dir, path),
                             manager.run_dir)
                 for line in textwrap.wrap(exc.reason, 88):  # it may quote torch's own error at length
                     log.warning("  %s", line)
@@ -96,7 +96,7 @@ def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, 
             log.warning("the steps after it are trained again (with the same result)")
         return Found(ckpt, path, tried)
     lines = [f"--resume auto: no intact checkpoint in {run_dir}; tried, newest first:",
-             *[f"  {_described(manager, p)}: {reason}" for p, reason in tried],
+             *[f"  {described(run_dir, p)}: {reason}" for p, reason in tried],
              "Nothing was renamed or deleted. Put an intact copy (from a backup) into the run directory, pass "
              "--resume PATH of one, or start a new run with another --output-dir"]
     raise NoIntactCheckpoint("\n".join(lines), tried)
@@ -116,12 +116,7 @@ def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
 
 def described(run_dir: Path, path: Path) -> str:
     """`latest.pth (= model_step40.pth)` for a name shared with a step file of `run_dir`, else the name."""
-    return _described(CheckpointManager(run_dir, keep=0), path)
-
-
-def _described(manager: CheckpointManager, path: Path) -> str:
-    """`latest.pth (= model_step40.pth)` for a name shared with a step file, else the name."""
-    twins = [p.name for p in _names_of(manager, file_identity(path)) if p != path]
+    twins = [p.name for p in _names_of(CheckpointManager(run_dir, keep=0), file_identity(path)) if p != path]
     return f"{path.name} (= {', '.join(twins)})" if twins else path.name
 
 

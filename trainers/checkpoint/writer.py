@@ -141,10 +141,7 @@ class CheckpointWriter:
         optimizer step (AdamW creates its moments there), or pass the final sizes to
         ``reserve_sizes``. Only sizes are read from ``state``; the next ``submit`` waits for
         the allocation to finish."""
-        if self._closed:
-            raise RuntimeError("CheckpointWriter is closed")
-        if self.background and self._buffers is not None:
-            self.reserve_sizes(buffer_sizes(state, self.pin_memory, self.static))
+        self.reserve_sizes(buffer_sizes(state, self.pin_memory, self.static))
 
     def reserve_sizes(self, sizes: list[tuple[int, bool]]) -> None:
         """``reserve`` for buffers of known sizes (byte count, pinned). When the host cannot give
