@@ -88,11 +88,6 @@ class StepMetrics:
         """The sums by name (one synchronisation)."""
         return dict(zip(SUMS, self.as_list()))
 
-    @classmethod
-    def from_named(cls, sums: dict[str, float], samples: int) -> "StepMetrics":
-        """The inverse of `named`; a sum it lacks is 0."""
-        return cls(torch.tensor([float(sums.get(k, 0.0)) for k in SUMS], dtype=torch.float64), samples)
-
     def means(self) -> dict[str, float]:
         s = self.named()
         return {
@@ -142,7 +137,8 @@ class LogInterval:
             samples = state["samples"]
         self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
         self.lr, self.grad_norm = float(state["lr"]), float(state["grad_norm"])
-        self.metrics = StepMetrics.from_named(named, int(round(samples))) if self.steps else StepMetrics()
+        saved = [float(named.get(k, 0.0)) for k in SUMS] + [samples]  # a sum it lacks: 0
+        self.metrics = StepMetrics.from_list(saved) if self.steps else StepMetrics()
         missing = [k for k in SUMS if k not in named]
         if self.steps and missing:
             log.info("the saved log interval lacks %s (an older version): counted from this resume", ", ".join(missing))
