@@ -93,7 +93,7 @@ class Checkpointer:
         """Until the save in flight is complete (CheckpointWriteError if it failed)."""
         self._as_write_error(self.writer.wait)
 
-    wait_own = wait  # the same for one process; under torchrun MainRankCheckpoints tells them apart
+    wait_own = wait  # no agreement: under torchrun MainRankCheckpoints forwards it here (rank 0 writes)
 
     def finish_own_write(self) -> None:
         """On the way out after another error, before the newest checkpoint is named: the write in flight

@@ -63,10 +63,6 @@ class MainRankCheckpoints:
         if worst:
             self.raise_write_failure(int(failed_step))
 
-    def wait_own(self) -> None:
-        """This process's own write only (rank 0's; the others have none): no agreement."""
-        self.inner.wait()
-
     def write_failed_step(self) -> int | None:
         """Rank 0: the step of a background write that has ended with an error (None: none, or still writing)."""
         return self.inner.write_failed_step() if self.world.is_main else None
