@@ -33,7 +33,8 @@ class MainRankCheckpoints:
     * `wait()`, before a stop's exit and before the last exit: rank 0's write has ended, and how.
 
     latest.pth can only name a step every process finished: the step's gradient sum needed all of
-    them before rank 0 could update its weights."""
+    them before rank 0 could update its weights. What this does not agree on goes to the inner
+    Checkpointer as it is: the others' never writes (so wait_own, write_failed_step: nothing there)."""
 
     def __init__(self, inner: Any, world: Any, model: torch.nn.Module) -> None:  # world: distributed.World
         self.inner = inner
@@ -62,10 +63,6 @@ class MainRankCheckpoints:
             raise error
         if worst:
             self.raise_write_failure(int(failed_step))
-
-    def write_failed_step(self) -> int | None:
-        """Rank 0: the step of a background write that has ended with an error (None: none, or still writing)."""
-        return self.inner.write_failed_step() if self.world.is_main else None
 
     def raise_write_failure(self, step: int) -> None:
         """Stop with exit 4 after rank 0's write of `step` failed: rank 0 with the write's own error."""
