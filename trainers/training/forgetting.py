@@ -27,6 +27,7 @@ not re-chosen.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -213,18 +214,13 @@ class Forgetting(ValidationListener):
         return guard.stop and bool(self.breaches(guard))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"base": {k: dict(v) for k, v in self.base.items()},
-                "last": None if self.last is None else {"step": self.last["step"], "figures": {
-                    k: dict(v) for k, v in self.last["figures"].items()}},
-                "within_step": self.within_step}
+        return copy.deepcopy({"base": self.base, "last": self.last, "within_step": self.within_step})
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        state = state or {"base": {}}
-        self.base = {k: dict(v) for k, v in state["base"].items()}
-        last = state.get("last")
-        self.last = None if last is None else {"step": int(last["step"]),
-                                               "figures": {k: dict(v) for k, v in last["figures"].items()}}
-        self.within_step = state.get("within_step")
+        state = copy.deepcopy(state or {"base": {}})
+        self.base, self.last, self.within_step = state["base"], state.get("last"), state.get("within_step")
+        if self.last is not None:
+            self.last["step"] = int(self.last["step"])
 
 
 @dataclass(frozen=True)
