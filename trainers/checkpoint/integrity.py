@@ -133,23 +133,21 @@ def _collect(content: Mapping[str, Any]) -> tuple[list[tuple[str, torch.Tensor]]
 
 
 def _hash_tensors(tensors: list[tuple[str, torch.Tensor]], workers: int | None) -> dict[str, str]:
-    names: dict[str, str] = {}
-    unique = []
+    unique: dict[str, torch.Tensor] = {}
     for path, t in tensors:  # keys that print alike (0 and "0") get distinct names, in a fixed order
         name, n = path, 1
-        while name in names:
+        while name in unique:
             n += 1
             name = f"{path}~{n}"
-        names[name] = ""
-        unique.append((name, t))
+        unique[name] = t
     workers = workers or min(MAX_WORKERS, os.cpu_count() or 1)
     if workers <= 1 or len(unique) <= 1:
-        return {name: tensor_digest(t) for name, t in unique}
+        return {name: tensor_digest(t) for name, t in unique.items()}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkpoint-hash") as pool:
         # Largest first, so one big tensor at the end does not leave the other threads idle.
-        order = sorted(unique, key=lambda item: -item[1].numel() * item[1].element_size())
+        order = sorted(unique.items(), key=lambda item: -item[1].numel() * item[1].element_size())
         digests = dict(zip((name for name, _ in order), pool.map(lambda item: tensor_digest(item[1]), order)))
-    return {name: digests[name] for name, _ in unique}
+    return {name: digests[name] for name in unique}
 
 
 def _tensor_bytes(t: torch.Tensor) -> Any:
@@ -157,9 +155,7 @@ def _tensor_bytes(t: torch.Tensor) -> Any:
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
-    t = t.resolve_conj().resolve_neg()
-    if t.device.type != "cpu":
-        t = t.cpu()
+    t = t.resolve_conj().resolve_neg().cpu()  # cpu(): the tensor itself where it is there already
     t = t.contiguous().reshape(-1)  # one dimension: 0-dim tensors cannot change element size by view
     if t.numel() == 0:
         return None
