@@ -10,7 +10,7 @@ copy is written.
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any, Iterable
 
 import torch
@@ -73,12 +73,7 @@ class SnapshotBuffers:
         large blocks (trainers/checkpoint/host_blocks.py). HostMemoryError if the memory cannot
         be had; the buffers reserved before stay."""
         self.recycle()
-        missing: dict[tuple[int, bool], int] = {}
-        for key in sizes:
-            missing[key] = missing.get(key, 0) + 1
-        for key, group in self._free.items():
-            if key in missing:
-                missing[key] -= min(missing[key], len(group))
+        missing = Counter(sizes) - Counter({key: len(group) for key, group in self._free.items()})
         for pinned in (False, True):
             wanted = [n for (n, p), count in missing.items() if p == pinned for _ in range(count)]
             plan = plan_blocks(wanted, pinned)
@@ -103,18 +98,15 @@ class SnapshotBuffers:
 
 def _allocate_blocks(sizes: list[int], pinned: bool) -> list[torch.UntypedStorage]:
     """All the blocks, or none: those taken before a refusal are given back (pinned ones to the system)."""
-    blocks, refused = [], None
-    for size in sizes:
-        try:
+    blocks = []
+    try:
+        for size in sizes:
             blocks.append(allocate_host(size, pinned))
-        except HostMemoryError as exc:
-            refused = exc
-            break
-    if refused is not None:
+    except HostMemoryError:
         blocks.clear()
         if pinned:
             _empty_pinned_cache()
-        raise refused
+        raise
     return blocks
 
 
