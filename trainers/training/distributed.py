@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
 from trainers.data.data_order import StepPlan, StepPlans
 from trainers.data.features import FeatureError
@@ -103,8 +104,6 @@ class World:
         self.stop = stop
         if not self.distributed:
             return self
-        import torch.distributed as dist
-
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s))
         self._started = True
@@ -122,8 +121,6 @@ class World:
         if self.distributed:
             ignore_stop_signals()
         if self._started and not self.broken:
-            import torch.distributed as dist
-
             self._ddp = None
             dist.destroy_process_group()
         self._started = False
@@ -186,8 +183,6 @@ class World:
         self._main_ready(True)
 
     def _main_ready(self, ready: bool) -> bool:
-        import torch.distributed as dist
-
         flag = torch.tensor([int(ready)], dtype=torch.int64)
         self._collective(lambda: dist.broadcast(flag, src=0), "start-up")
         return bool(flag.item())
@@ -199,8 +194,6 @@ class World:
         """
         if not self.distributed:
             return
-        import torch.distributed as dist
-
         here = [0] * 7 if run is None else [1, run.progress.step, run.data.epoch, run.data.samples_in_epoch,
                                              run.cfg.settings.effective_batch, run.cfg.settings.seed,
                                              len(run.data.samples)]
@@ -228,8 +221,6 @@ class World:
         """One split for all processes (the smallest probed), DDP around the model, rank 0 as writer."""
         if not self.distributed:
             return
-        import torch.distributed as dist
-
         plan = run.hardware
         smallest = self._reduce([plan.split.micro_batch, plan.val_batch], dist.ReduceOp.MIN, "start-up")
         micro, val_batch = int(smallest[0]), int(smallest[1])
@@ -331,8 +322,6 @@ class World:
         in every process (they wait here)."""
         if not self.distributed:
             return table
-        import torch.distributed as dist
-
         whole = table.clone()
         self._collective(lambda: dist.all_reduce(whole, op=dist.ReduceOp.SUM), what)
         return whole
@@ -341,8 +330,6 @@ class World:
 
     def _reduce(self, values: Sequence[float], op: Any, what: str) -> list[float]:
         """All-reduce a few numbers (float64, exact for counts up to 2**53) on the CPU; op None is a sum."""
-        import torch.distributed as dist
-
         tensor = torch.tensor(list(values), dtype=torch.float64)
         self._collective(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op is None else op), what)
         return tensor.tolist()

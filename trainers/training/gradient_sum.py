@@ -10,6 +10,8 @@ import inspect
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 
 class _ZeroLoss(torch.nn.Module):
@@ -42,8 +44,6 @@ class PendingSums:
 def _sum_gradients(state, bucket):  # no annotations: DDP checks that a hook's are its own types
     """DDP communication hook: the sum over processes (DDP's default divides by their number, and the
     loss is already normalised by the whole step's tokens)."""
-    import torch.distributed as dist
-
     work = dist.all_reduce(bucket.buffer(), async_op=True)
     state.works.append(work)
     return work.get_future().then(lambda f: f.value()[0])
@@ -52,8 +52,6 @@ def _sum_gradients(state, bucket):  # no annotations: DDP checks that a hook's a
 def wrap_for_gradient_sum(model: torch.nn.Module, device: torch.device) -> tuple[Any, PendingSums]:
     """DDP around a zero loss of `model`: its backward sums the gradients accumulated under no_sync; and
     the hook's record of the works of each sum."""
-    from torch.nn.parallel import DistributedDataParallel
-
     # The model's buffers are constants: no broadcast before each forward (the keyword was renamed in torch 2.13).
     no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in
                       inspect.signature(DistributedDataParallel.__init__).parameters else {"broadcast_buffers": False})

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainers.errors import (
     EXIT_DIVERGED, EXIT_HOST_MEMORY, EXIT_SAVE_FAILED, CheckpointWriteError, DistributedFailure, HostMemoryError,
@@ -49,8 +50,6 @@ class MainRankCheckpoints:
 
     def wait(self) -> None:
         """Every process: until rank 0's write in flight has ended; CheckpointWriteError everywhere if it failed."""
-        import torch.distributed as dist
-
         status, error, failed = 0, None, -1
         if self.world.is_main:
             try:
@@ -75,8 +74,6 @@ class MainRankCheckpoints:
     def _agreed(self, write: Any, step: int, what: str) -> Any:
         """Rank 0 writes (or submits a background write); every process learns the outcome of that and of
         the previous write, and checks that all weights agree."""
-        import torch.distributed as dist
-
         status, error, path, failed = 0, None, None, -1
         started = time.perf_counter()
         if self.world.is_main:

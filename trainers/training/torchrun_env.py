@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainers.errors import UserError
 
@@ -51,8 +52,6 @@ def read_torchrun_env(env: dict[str, str], timeout_s: float | None = None) -> di
 def delay_nccl_watchdog(seconds: float) -> str:
     """Give NCCL's watchdog a longer timeout than the trainer's own wait for the gradient sum; returns
     what was done, for the start-up line. Not run here: this project has no multi-GPU machine."""
-    import torch.distributed as dist
-
     try:
         dist.group.WORLD._get_backend(torch.device("cuda"))._set_default_timeout(datetime.timedelta(seconds=seconds))
     except (AttributeError, RuntimeError, ValueError) as exc:  # a private API: it may change between versions
