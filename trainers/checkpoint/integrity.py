@@ -40,13 +40,13 @@ MAX_WORKERS = 8
 MAX_LISTED = 5  # problems named in one message
 
 
-def compute(content: Mapping[str, Any], workers: int | None = None) -> dict[str, Any]:
+def compute(content: Mapping[str, Any]) -> dict[str, Any]:
     """The integrity record of a checkpoint's content (every top-level key but the record's own)."""
     tensors, fields = _collect(content)
-    return {"algorithm": ALGORITHM, "tensors": _hash_tensors(tensors, workers), "fields": fields}
+    return {"algorithm": ALGORITHM, "tensors": _hash_tensors(tensors), "fields": fields}
 
 
-def problems(content: Mapping[str, Any], record: Any, workers: int | None = None) -> list[str]:
+def problems(content: Mapping[str, Any], record: Any) -> list[str]:
     """What in `content` does not match `record` ([] when everything does), in words."""
     if record is None:
         return [f"the {RECORD_KEY!r} section with the checksums is missing"]
@@ -55,10 +55,8 @@ def problems(content: Mapping[str, Any], record: Any, workers: int | None = None
     if record["algorithm"] != ALGORITHM:
         return [f"the integrity record uses algorithm {record['algorithm']!r}, which this trainer does not know"]
     tensors, fields = _collect(content)
-    found = []
-    found += _compare("field", record["fields"], fields)
-    found += _compare("tensor", record["tensors"], _hash_tensors(tensors, workers))
-    return found
+    found = _compare("field", record["fields"], fields)
+    return found + _compare("tensor", record["tensors"], _hash_tensors(tensors))
 
 
 def fields_digest(content: Mapping[str, Any]) -> str:
@@ -132,7 +130,7 @@ def _collect(content: Mapping[str, Any]) -> tuple[list[tuple[str, torch.Tensor]]
     return tensors, fields
 
 
-def _hash_tensors(tensors: list[tuple[str, torch.Tensor]], workers: int | None) -> dict[str, str]:
+def _hash_tensors(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, str]:
     unique: dict[str, torch.Tensor] = {}
     for path, t in tensors:  # keys that print alike (0 and "0") get distinct names, in a fixed order
         name, n = path, 1
@@ -140,7 +138,7 @@ def _hash_tensors(tensors: list[tuple[str, torch.Tensor]], workers: int | None) 
             n += 1
             name = f"{path}~{n}"
         unique[name] = t
-    workers = workers or min(MAX_WORKERS, os.cpu_count() or 1)
+    workers = min(MAX_WORKERS, os.cpu_count() or 1)
     if workers <= 1 or len(unique) <= 1:
         return {name: tensor_digest(t) for name, t in unique.items()}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="checkpoint-hash") as pool:
