@@ -42,14 +42,13 @@ class Checkpointer:
     / `close()`, which the trainer calls before it exits.
     """
 
-    def __init__(self, run_dir: Path, keep: int, components: Mapping[str, Stateful],
-                 on_event: CheckpointEvent | None = None, background: bool = False,
+    def __init__(self, run_dir: Path, keep: int, components: Mapping[str, Stateful], background: bool = False,
                  room: DiskRoom | None = None) -> None:
         missing = set(schema.SECTIONS) - set(components)
         if missing:
             raise ValueError(f"no component for checkpoint section(s) {sorted(missing)}")
         self.run_dir = Path(run_dir)
-        self.files = CheckpointManager(self.run_dir, keep, on_event)
+        self.files = CheckpointManager(self.run_dir, keep)
         self.components = dict(components)
         self.writer = CheckpointWriter(self.files, background=background, static=self._carried())
         self.room = room  # checked before each save: a disk that filled up since the start is warned about
