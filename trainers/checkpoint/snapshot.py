@@ -207,16 +207,13 @@ class _Copier:
         seen = self.storages.get(key) if nbytes else None
         if seen is not None:
             return seen
-        on_cpu = src.device.type == "cpu"
-        if on_cpu and not self.copy_cpu:
+        if src.device.type == "cpu" and not self.copy_cpu:
             dst = src
         else:
             cuda = src.device.type == "cuda"
             pinned = cuda if self.pin_memory is None else self.pin_memory
-            if self.buffers is not None:
-                dst = self.buffers.take(nbytes, pinned)
-            else:
-                dst = allocate_host(nbytes, pinned)
+            take = self.buffers.take if self.buffers is not None else allocate_host
+            dst = take(nbytes, pinned)
             non_blocking = cuda and pinned
             _bytes_view(dst).copy_(_bytes_view(src), non_blocking=non_blocking)
             if non_blocking:
