@@ -60,8 +60,7 @@ class StepMetrics:
 
     def add(self, sums: dict[str, Any], samples: int) -> None:
         values = torch.stack([torch.as_tensor(sums[k]).to(torch.float64) for k in SUMS])
-        self.sums = values if self.sums is None else self.sums + values.to(self.sums.device)
-        self.samples += samples
+        self.merge(StepMetrics(values, samples))
 
     def as_list(self) -> list[float]:
         """The sums and the sample count as plain numbers (one synchronisation), e.g. to all-reduce."""
