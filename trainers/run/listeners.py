@@ -8,7 +8,7 @@ from typing import Any
 from trainers.config.settings import TrainConfig
 from trainers.run.validation_generation import ValidationGeneration
 from trainers.training.best_checkpoint import BestCheckpoint, EarlyStopping
-from trainers.training.ema import ema_listeners
+from trainers.training.ema import WeightsEMA
 from trainers.training.forgetting import Forgetting, Guard
 from trainers.training.validation_listeners import Listeners
 
@@ -20,7 +20,7 @@ def run_listeners(settings: TrainConfig, run_dir: Path, model: Any, val_loader: 
     best = BestCheckpoint(settings.best_metric)
     return Listeners([
         *([generation] if generation else []),
-        *ema_listeners(settings, model),
+        *([WeightsEMA(model, settings.ema_decay, settings.ema_start)] if settings.ema_decay else []),
         Forgetting(guard=Guard.of(settings, replayed), best_metric=settings.best_metric),
         best,
         EarlyStopping(settings.early_stop_patience, best),

@@ -81,10 +81,6 @@ class WeightsEMA(ValidationListener):
         self.step = int(state["step"]) if state else 0
 
 
-def ema_listeners(settings: Any, model: torch.nn.Module) -> list[WeightsEMA]:
-    return [WeightsEMA(model, settings.ema_decay, settings.ema_start)] if settings.ema_decay else []
-
-
 def with_averages(ckpt: schema.Checkpoint | None, path: Path) -> schema.Checkpoint:
     """The checkpoint with the EMA of its trained tensors in their place (`indextts-export --ema`)."""
     state = ckpt.section("progress").get(NAME) if ckpt is not None else None
