@@ -142,10 +142,11 @@ class LRSchedule:
         return self.base.floor
 
     def lr_at(self, step: int) -> float:
-        for c in reversed(self.continuations):
-            if step >= c.start_step:
-                return c.lr_at(step)
-        return self.base.lr_at(step)
+        return self._in_force(step).lr_at(step)
+
+    def _in_force(self, step: int) -> WarmupCosine | Extension:
+        """The part of the schedule in force at `step`: the last continuation begun by then, or the base."""
+        return next((c for c in reversed(self.continuations) if c.start_step <= step), self.base)
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
         lr = self.lr_at(step)
@@ -165,10 +166,9 @@ class LRSchedule:
         return LRSchedule(self.base, (*self.continuations, rewarm))
 
     def describe(self, step: int = 0) -> tuple[str, ...]:
-        """The part of the schedule in force from `step` on (the last continuation begun by then, or the base) in
-        words, a log line's worth each (lines of at most 120 characters), for the start-up summary."""
-        part = next((c for c in reversed(self.continuations) if c.start_step <= step), self.base)
-        return part.describe()
+        """The part of the schedule in force from `step` on in words, a log line's worth each (lines of at most 120
+        characters), for the start-up summary."""
+        return self._in_force(step).describe()
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": "warmup_cosine", **asdict(self.base),
