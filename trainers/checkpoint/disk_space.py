@@ -18,9 +18,8 @@ from typing import Iterable
 
 import torch
 
-from trainers.checkpoint.step_files import BEST_NAME, CheckpointManager
+from trainers.checkpoint.step_files import BEST_NAME, CheckpointManager, distinct_files
 from trainers.errors import UserError
-from trainers.files import file_identity
 
 log = logging.getLogger("train")
 
@@ -93,14 +92,7 @@ class DiskRoom:
         """The checkpoint files there now that count among those the scheme keeps (each file once)."""
         files = CheckpointManager(self.run_dir, keep=0)
         paths = [p for _, p in files.step_files()][-self.keep:] if self.keep else [files.latest_path()]
-        paths.append(files.best_path())
-        seen, kept = set(), []
-        for path in paths:
-            ident = file_identity(path)
-            if ident is not None and ident not in seen:
-                seen.add(ident)
-                kept.append(path)
-        return kept
+        return distinct_files([*paths, files.best_path()])
 
     def shortfall(self, to_come: int) -> tuple[int, int, int]:
         """(bytes still to be written at the fullest, free bytes, files at the fullest), given `to_come` saves

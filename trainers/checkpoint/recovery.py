@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainers.checkpoint import schema
-from trainers.checkpoint.step_files import CheckpointManager
+from trainers.checkpoint.step_files import CheckpointManager, distinct_files
 from trainers.errors import UserError
 from trainers.files import file_identity, fsync_dir
 from trainers.torch_files import CheckpointError
@@ -104,14 +104,7 @@ def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, 
 
 def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
     steps = [path for _, path in reversed(manager.step_files())]
-    seen: set[tuple[int, int]] = set()
-    out = []
-    for path in [first, *steps, manager.latest_path()]:
-        ident = file_identity(path)
-        if ident is not None and ident not in seen:
-            seen.add(ident)
-            out.append(path)
-    return out
+    return distinct_files([first, *steps, manager.latest_path()])
 
 
 def described(run_dir: Path, path: Path) -> str:

@@ -24,8 +24,9 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
-from trainers.files import fsync_dir, temp_path
+from trainers.files import file_identity, fsync_dir, temp_path
 from trainers.torch_files import CheckpointEvent, atomic_torch_save
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,16 @@ _TEMP_FILE_RE = re.compile(r"^\.(?:model_step(?:0|[1-9][0-9]*)|latest|best)\.pth
 def _parse_step(name: str) -> int | None:
     match = _STEP_FILE_RE.match(name)
     return int(match.group(1)) if match else None
+
+
+def distinct_files(paths: Iterable[Path]) -> list[Path]:
+    """The paths that exist, each file once under the first of its names (latest.pth links to a step file)."""
+    first_names: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        ident = file_identity(path)
+        if ident is not None:
+            first_names.setdefault(ident, path)
+    return list(first_names.values())
 
 
 @dataclass
