@@ -82,9 +82,6 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-# -- internals --------------------------------------------------------------------------------------------
-
-
 def _well_formed(record: Any) -> bool:
     return (isinstance(record, dict) and isinstance(record.get("algorithm"), str)
             and all(isinstance(record.get(k), dict) and all(isinstance(x, str) for x in record[k].values())

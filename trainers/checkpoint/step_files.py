@@ -163,8 +163,6 @@ class CheckpointManager:
             removed.append(entry)
         return removed
 
-    # -- internals ---------------------------------------------------------
-
     def _latest_step(self, files: list[tuple[int, Path]]) -> int | None:
         """Step of the model_step file latest.pth refers to, without loading it."""
         latest = self.latest_path()

@@ -83,8 +83,6 @@ class CheckpointWriter:
         self.last_snapshot_s = 0.0  # time the caller was blocked by the last snapshot
         self.last_wait_s = 0.0  # time the caller waited for the previous write
 
-    # -- public API --------------------------------------------------------
-
     @property
     def busy(self) -> bool:
         """A background write (or a ``reserve``) is in progress. Never waits: ``failed_write_step`` polls it at
@@ -184,8 +182,6 @@ class CheckpointWriter:
             self.close()  # still let the save in flight complete
         except BaseException as err:  # do not hide the exception already on its way out
             logger.error("the background checkpoint write also failed: %s: %s", type(err).__name__, err)
-
-    # -- internals ---------------------------------------------------------
 
     def _reserve(self, sizes: list[tuple[int, bool]]) -> None:
         """In the reserving thread; the training thread reads the mode it leaves only after joining it."""
