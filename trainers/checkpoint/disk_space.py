@@ -88,16 +88,12 @@ class DiskRoom:
     total_steps: int  # where this invocation stops
     save_interval: int
 
-    def kept_files(self) -> list[Path]:
-        """The checkpoint files there now that count among those the scheme keeps (each file once)."""
-        files = CheckpointManager(self.run_dir, keep=0)
-        paths = [p for _, p in files.step_files()][-self.keep:] if self.keep else [files.latest_path()]
-        return distinct_files([*paths, files.best_path()])
-
     def shortfall(self, to_come: int) -> tuple[int, int, int]:
         """(bytes still to be written at the fullest, free bytes, files at the fullest), given `to_come` saves
-        of this invocation; what is there already counts toward the files kept."""
-        kept = self.kept_files()
+        of this invocation; the checkpoint files there now that the scheme keeps count toward them."""
+        files = CheckpointManager(self.run_dir, keep=0)
+        paths = [p for _, p in files.step_files()][-self.keep:] if self.keep else [files.latest_path()]
+        kept = distinct_files([*paths, files.best_path()])
         step_files = len([p for p in kept if p.name != BEST_NAME])
         peak = files_at_peak(self.keep, step_files + to_come, self.best)
         there = sum(p.stat().st_size for p in kept)
