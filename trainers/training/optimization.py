@@ -186,20 +186,18 @@ def _adamw(model: torch.nn.Module, cfg: TrainConfig, scaled: frozenset[str] = fr
     cfg.new_rows_lr_scale is not 1, in groups of their own after those, whose rate the schedule multiplies
     (LRSchedule.apply: the group's lr_scale). Returns it, the parameters' names and whether it is fused."""
     scale = cfg.new_rows_lr_scale
-    decay, no_decay, scaled_decay, scaled_no_decay, names = [], [], [], [], []
+    # The trained parameters by (decayed, scaled), in the groups' order.
+    parts: dict[tuple[bool, bool], list[tuple[str, torch.nn.Parameter]]] = {
+        (True, False): [], (False, False): [], (True, True): [], (False, True): []}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            alone = name in scaled and scale != 1.0
-            ((scaled_decay if alone else decay) if p.dim() >= 2 else (scaled_no_decay if alone else no_decay)).append(
-                (name, p))
-    groups = []
-    for params, wd, lr_scale in ((decay, cfg.weight_decay, None), (no_decay, 0.0, None),
-                                 (scaled_decay, cfg.weight_decay, scale), (scaled_no_decay, 0.0, scale)):
-        if lr_scale is not None and not params:
-            continue
-        names += [n for n, _ in params]
-        groups.append({"params": [p for _, p in params], "weight_decay": wd,
-                       **({"lr_scale": lr_scale} if lr_scale is not None else {})})
+            parts[(p.dim() >= 2, name in scaled and scale != 1.0)].append((name, p))
+    groups, names = [], []
+    for (decays, alone), part in parts.items():
+        if part or not alone:
+            names += [n for n, _ in part]
+            group = {"params": [p for _, p in part], "weight_decay": cfg.weight_decay if decays else 0.0}
+            groups.append({**group, "lr_scale": scale} if alone else group)
     if fused is None:
         fused = _wants_fused([p for g in groups for p in g["params"]])
     optimizer = torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
