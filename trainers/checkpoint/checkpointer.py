@@ -33,14 +33,10 @@ class Stateful(Protocol):
 
 
 class Checkpointer:
-    """Saves the components, synchronously or in the background (trainers/checkpoint/writer.py).
-
-    In the background mode the loop is blocked only while the state is copied to host memory; the
-    file is assembled, checksummed and written (atomically, latest.pth moving only once it is
-    complete) in a writer thread while training goes on. A second save waits for the first. An
-    error of a background write is raised as CheckpointWriteError at the next save, or at `wait()`
-    / `close()`, which the trainer calls before it exits.
-    """
+    """Saves the components, synchronously or in the background (trainers/checkpoint/writer.py: the file is
+    assembled and checksummed in the writer thread too). A background write's error is raised as
+    CheckpointWriteError at the next save, or at `wait()` / `close()`, which the trainer calls before it
+    exits."""
 
     def __init__(self, run_dir: Path, keep: int, components: Mapping[str, Stateful], background: bool = False,
                  room: DiskRoom | None = None) -> None:

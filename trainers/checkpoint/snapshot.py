@@ -3,8 +3,7 @@
 ``snapshot(state)`` copies every tensor of a nested state into host storage taken from
 ``SnapshotBuffers``, a pool reused from save to save (allocating, and on CUDA pinning, GBs
 each time would cost more than the copy); other values are deep-copied unless immutable.
-``to_host`` is the same copy without the pool. See trainers/checkpoint/writer.py for how the
-copy is written.
+See trainers/checkpoint/writer.py for how the copy is written.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ class SnapshotBuffers:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the buffers held."""
         held = sum(s.nbytes() for _, s in self._in_use)
         return held + sum(s.nbytes() for group in self._free.values() for s in group)
 
@@ -258,10 +256,9 @@ def snapshot(
 ) -> Any:
     """Copy a checkpoint's nested state into host memory, independent of the original.
 
-    Dicts, lists and tuples are rebuilt; strings, numbers and other immutable values are
-    shared; every tensor's data is copied to CPU memory (``.cpu()`` alone would return the
-    same storage for a CPU tensor, which training keeps updating in place). Tensors that
-    share a storage keep sharing one copy. Other objects are deep-copied.
+    Every tensor's data is copied (``.cpu()`` alone would return the same storage for a CPU
+    tensor, which training keeps updating in place); tensors that share a storage keep
+    sharing one copy.
 
     CUDA tensors go to pinned memory (``pin_memory`` overrides) with non-blocking copies,
     then one synchronize per device. With ``buffers``, host memory of the previous snapshot
