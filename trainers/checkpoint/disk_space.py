@@ -10,6 +10,7 @@ has since filled up is warned about, with the figures and what to do.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -128,7 +129,5 @@ class DiskRoom:
 
     def written(self, path: Path) -> None:
         """A checkpoint was written: later checks use its real size, with room for the history to grow."""
-        try:
+        with contextlib.suppress(OSError):
             self.checkpoint_size = path.stat().st_size + GROWTH
-        except OSError:
-            pass

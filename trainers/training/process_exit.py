@@ -20,6 +20,7 @@ shutdown keeps, so the stop signals are ignored from here on.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -38,9 +39,7 @@ def exit_process(status: int) -> NoReturn:
     if torchrun_worker or (dist.is_available() and dist.is_initialized()):
         logging.shutdown()  # flushes every handler
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing to say there
                 stream.flush()
-            except (OSError, ValueError):  # a closed or broken pipe: nothing more can be said there
-                pass
         os._exit(status)
     sys.exit(status)
