@@ -267,8 +267,7 @@ class Checkpoint:
 
     def edited(self, section: str, **values: Any) -> "Checkpoint":
         """A copy with fields of one section replaced (tests and benchmarks that craft checkpoints)."""
-        changed = dict(self.sections)
-        changed[section] = {**self.sections[section], **values}
+        changed = {**self.sections, section: {**self.sections[section], **values}}
         return parse(assemble(changed), self.path or Path("<edited>"), verify=False)
 
     # -- typed accessors: a section's field as a number (int) or a copy (dict, list) --
