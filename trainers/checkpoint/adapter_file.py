@@ -30,7 +30,6 @@ class ReadAdapter:
 
 
 def content(adapter: AdapterFile) -> dict[str, Any]:
-    """What the file holds: the adapter file's content and its checksums."""
     out = adapter.to_dict()
     out[integrity.RECORD_KEY] = integrity.compute(out)
     return out

@@ -22,7 +22,6 @@ ADAPTER_NAME = "lora_adapter.pth"
 
 
 def adapter_file_of(ckpt: schema.Checkpoint) -> AdapterFile:
-    """The checkpoint's adapters, trained rows, settings and base as an adapter file."""
     lora = ckpt.lora
     assert lora is not None
     settings = LoraSettings(int(lora["rank"]), float(lora["alpha"]), tuple(lora["targets"]), float(lora["dropout"]))

@@ -144,7 +144,6 @@ class World:
         return math.ceil(effective_batch / self.size)
 
     def own_items(self, items: Sequence[Any]) -> list[Any]:
-        """This process's items: every size-th one from the rank-th on."""
         return list(items[self.rank::self.size]) if self.distributed else list(items)
 
     def own_part(self, plan: StepPlan, micro_batch: int) -> StepPlan:
