@@ -295,10 +295,8 @@ class TrainLog:
             self.history.append(entry)
         return entry
 
-    @_io_errors_stop_the_run
     def scalar(self, name: str, value: float, step: int) -> None:
-        self.writer.add_scalar(name, value, step)
-        self.writer.flush()
+        self.report(step, {name: value})
 
     @_io_errors_stop_the_run
     def sample_ids(self, step: int, epoch: int, ids: list[str]) -> None:
