@@ -40,7 +40,7 @@ def plan_blocks(sizes: Sequence[int], pinned: bool) -> BlockPlan:
     used: list[int] = []
     slots: list[tuple[int, int]] = [(0, 0)] * len(sizes)
     for i in order:
-        need = _aligned(sizes[i])
+        need = -(-sizes[i] // ALIGN) * ALIGN  # whole pages: the next buffer starts on one too
         block = next((b for b in range(len(used)) if used[b] + need <= capacity[b]), None)
         if block is None:
             capacity.append(max(BLOCK_BYTES, pow2_ceil(need) if pinned else need))
@@ -55,7 +55,3 @@ def reserved_bytes(sizes: Iterable[tuple[int, bool]]) -> int:
     """Host memory a reservation of buffers of `sizes` (bytes, pinned) takes."""
     sizes = list(sizes)
     return sum(sum(plan_blocks([n for n, p in sizes if p == pinned], pinned).block_sizes) for pinned in (False, True))
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
