@@ -77,7 +77,8 @@ def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, 
     if first is None:
         return None
     tried: list[tuple[Path, str]] = []
-    for path in _candidates(manager, Path(first)):
+    steps = [path for _, path in reversed(manager.step_files())]
+    for path in distinct_files([Path(first), *steps, manager.latest_path()]):  # the module's order
         try:
             ckpt = schema.read(path, mmap=mmap, verify=True)
         except schema.UnknownFormat:
@@ -100,11 +101,6 @@ def newest_intact(run_dir: Path, first: Path | None = None, mmap: bool = False, 
              "Nothing was renamed or deleted. Put an intact copy (from a backup) into the run directory, pass "
              "--resume PATH of one, or start a new run with another --output-dir"]
     raise NoIntactCheckpoint("\n".join(lines), tried)
-
-
-def _candidates(manager: CheckpointManager, first: Path) -> list[Path]:
-    steps = [path for _, path in reversed(manager.step_files())]
-    return distinct_files([first, *steps, manager.latest_path()])
 
 
 def described(run_dir: Path, path: Path) -> str:
