@@ -76,9 +76,7 @@ def tensor_digest(t: torch.Tensor) -> str:
     """sha256 over the dtype, the shape and the tensor's values in row-major order."""
     h = hashlib.new(ALGORITHM)
     h.update(f"{t.dtype}{list(t.shape)}".encode())
-    data = _tensor_bytes(t)
-    if data is not None:
-        h.update(data)
+    h.update(_tensor_bytes(t))  # empty for a tensor without elements: the digest of its dtype and shape alone
     return h.hexdigest()
 
 
@@ -146,14 +144,12 @@ def _hash_tensors(tensors: list[tuple[str, torch.Tensor]]) -> dict[str, str]:
 
 
 def _tensor_bytes(t: torch.Tensor) -> Any:
-    """The tensor's values as a byte buffer (None when it has none), whatever its dtype, layout or device."""
+    """The tensor's values as a byte buffer, whatever its dtype, layout or device."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
     t = t.resolve_conj().resolve_neg().cpu()  # cpu(): the tensor itself where it is there already
     t = t.contiguous().reshape(-1)  # one dimension: 0-dim tensors cannot change element size by view
-    if t.numel() == 0:
-        return None
     return t.view(torch.uint8).numpy()
 
 
