@@ -280,8 +280,7 @@ def snapshot(
 def to_host(state: Any) -> Any:
     """Like ``snapshot`` but CPU tensors are shared, not copied: what a synchronous save
     writes. Device tensors are copied to (pageable) CPU memory."""
-    copier = _Copier(copy_cpu=False, buffers=None, pin_memory=False)
-    return copier.value(state)
+    return _Copier(copy_cpu=False, buffers=None, pin_memory=False).value(state)
 
 
 def buffer_sizes(state: Any, pin_memory: bool, static: Iterable[torch.Tensor] = ()) -> list[tuple[int, bool]]:

@@ -296,8 +296,7 @@ class World:
         if not any(counts):
             return False
         # The signal most processes received (ties: the lowest number), so all exit with one status.
-        signum = max(STOP_SIGNALS, key=lambda s: (counts[STOP_SIGNALS.index(s)], -s))
-        stop.signum = signum
+        stop.signum = max(STOP_SIGNALS, key=lambda s: (counts[STOP_SIGNALS.index(s)], -s))
         if self.is_main:
             log.warning("a stop signal reached %d of %d processes: every process stops at this step boundary",
                         int(sum(counts)), self.size)
