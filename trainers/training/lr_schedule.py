@@ -166,8 +166,8 @@ class LRSchedule:
         return LRSchedule(self.base, (*self.continuations, rewarm))
 
     def describe(self, step: int = 0) -> tuple[str, ...]:
-        """The part of the schedule in force from `step` on in words, a log line's worth each (lines of at most 120
-        characters), for the start-up summary."""
+        """The part of the schedule in force from `step` on in words, a log line's worth each (lines of at
+        most 120 characters), for the start-up summary."""
         return self._in_force(step).describe()
 
     def state_dict(self) -> dict[str, Any]:
