@@ -27,7 +27,8 @@ def test_per_language_figures_take_their_generation_metrics_and_leave_the_counts
 
 def test_worse_is_higher_for_losses_and_lower_for_accuracy():
     assert worse_by("mel_loss", 2.0, 2.2) == pytest.approx(0.1)
-    assert worse_by("mel_top1", 0.5, 0.4) == pytest.approx(0.2)
+    assert worse_by("mel_top1", 0.5, 0.4) == pytest.approx(0.2) == worse_by("ema/mel_top1", 0.5, 0.4)
+    assert worse_by("ema/mel_loss", 2.0, 2.2) == pytest.approx(0.1)
     assert worse_by("gen/stop_rate", 1.0, 1.0) == 0.0
     assert worse_by("gen/repeated_ngram_share", 0.0, 0.1) == math.inf
 

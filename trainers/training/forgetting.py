@@ -60,8 +60,9 @@ def language_figures(by_lang: dict[str, dict[str, float]], metrics: dict[str, fl
 
 
 def higher_is_better(metric: str) -> bool:
-    """Which way a validation metric is better: mel_top1 and gen/stop_rate higher, the others lower."""
-    return metric in HIGHER_IS_BETTER
+    """Which way a validation metric is better: mel_top1 and gen/stop_rate higher, the others lower; an ema/
+    metric (the same measure of the averaged weights) as its plain name."""
+    return metric.removeprefix("ema/") in HIGHER_IS_BETTER
 
 
 def worse_by(metric: str, base: float, now: float) -> float:
