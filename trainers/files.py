@@ -40,12 +40,18 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 
 def write_bytes_atomically(path: Path, data: bytes, on_written: Callable[[], None] | None = None) -> None:
-    """Replace `path` with `data` durably: a temporary (temp_path) beside it, fsynced, renamed over
-    `path`, the directory fsynced. A kill at any moment leaves the old file (or none) or the complete
-    new one, and possibly the temporary, for the writer's owner to clean. `on_written` runs between
-    the temporary's fsync and the rename (the tests stop a process there)."""
+    write_atomically(path, lambda f: f.write(data), on_written)
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], Any],
+                     on_written: Callable[[], None] | None = None) -> None:
+    """Replace `path` durably with what `write(file)` writes: a temporary (temp_path) beside it, fsynced,
+    renamed over `path`, the directory fsynced. A kill at any moment leaves the old file (or none) or the
+    complete new one, and possibly the temporary, for the writer's owner to clean. `on_written` runs between
+    the temporary's fsync and the rename (the tests stop a process there; an exception it raises is such a
+    kill)."""
     tmp = temp_path(path)
-    write_fsynced(tmp, lambda f: f.write(data))
+    write_fsynced(tmp, write)
     if on_written is not None:
         on_written()
     try:

@@ -2,14 +2,13 @@
 load that runs no pickled code and names the file and the reason when it fails."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from trainers.files import fsync_dir, temp_path, write_fsynced
+from trainers.files import write_atomically
 
 # (event, step). Events, in order: "tmp_written", "renamed", "linked".
 CheckpointEvent = Callable[[str, int], None]
@@ -24,32 +23,15 @@ class CheckpointError(RuntimeError):
                          f"{Path(path).parent} or pass another checkpoint path")
 
 
-def _emit(on_event: CheckpointEvent | None, event: str, step: int) -> None:
-    if on_event is not None:
-        on_event(event, step)
-
-
-def atomic_torch_save(
-    obj: Any,
-    path: Path,
-    *,
-    step: int = -1,
-    on_event: CheckpointEvent | None = None,
-) -> None:
-    """Write ``obj`` to ``path`` so that ``path`` is either old or complete.
-
-    Emits "tmp_written" once the temp file is fsynced and "renamed" once it is
-    in place under ``path``. An exception raised by ``on_event`` is treated
-    like a kill at that point: the temp file is left for
-    ``CheckpointManager.clean_stale_temporaries``.
-    """
-    path = Path(path)
-    tmp = temp_path(path)
-    write_fsynced(tmp, lambda f: torch.save(obj, f))
-    _emit(on_event, "tmp_written", step)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-    _emit(on_event, "renamed", step)
+def atomic_torch_save(obj: Any, path: Path, *, step: int = -1,
+                      on_event: CheckpointEvent | None = None) -> None:
+    """Write ``obj`` to ``path`` so that ``path`` is either old or complete (files.write_atomically), emitting
+    "tmp_written" once the temporary is fsynced and "renamed" once it is in place. An exception raised by
+    ``on_event`` is treated like a kill at that point: the temporary is left for
+    ``CheckpointManager.clean_stale_temporaries``."""
+    emit = on_event or (lambda event, step: None)
+    write_atomically(Path(path), lambda f: torch.save(obj, f), lambda: emit("tmp_written", step))
+    emit("renamed", step)
 
 
 def load_checkpoint(path: Path, mmap: bool = False) -> dict:
