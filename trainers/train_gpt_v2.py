@@ -10,14 +10,7 @@
 The same command is installed as `indextts-train` (pip install -e . in the repository, which this
 script needs too); the code is in the trainers package (trainers/cli.py, trainers/main.py).
 
-Exit status: 0 finished; 1 unexpected error; 2 bad flags, data or run directory (nothing was
-trained), or --deterministic met an op with no deterministic kernel (it did not run; the steps
-before it are saved); 3 training diverged (non-finite loss); 4 a checkpoint could not be written (the previous
-one is intact); 5 out of memory even at micro-batch 1 (progress saved at the last step boundary);
-6 under torchrun: another process failed or gave no answer within --dist-timeout; 7 host memory
-(RAM) ran out for a checkpoint's copy (the previous checkpoint is intact); 129 / 130 / 143 stopped
-by SIGHUP / SIGINT / SIGTERM (after saving a checkpoint at the last optimizer-step boundary when
-training had started).
+Exit statuses: the table of README.md's "Stopping and exit status" (the values: trainers/errors.py).
 """
 import sys
 from pathlib import Path
