@@ -137,14 +137,8 @@ def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
 class _Copier:
     """One traversal of a checkpoint's nested state."""
 
-    def __init__(
-        self,
-        *,
-        copy_cpu: bool,
-        buffers: SnapshotBuffers | None,
-        pin_memory: bool | None,
-        static: Iterable[torch.Tensor] = (),
-    ) -> None:
+    def __init__(self, *, copy_cpu: bool, buffers: SnapshotBuffers | None, pin_memory: bool | None,
+                 static: Iterable[torch.Tensor] = ()) -> None:
         self.copy_cpu = copy_cpu
         self.buffers = buffers
         self.pin_memory = pin_memory
@@ -247,13 +241,8 @@ class _Copier:
             torch.cuda.synchronize(device)
 
 
-def snapshot(
-    state: Any,
-    *,
-    buffers: SnapshotBuffers | None = None,
-    pin_memory: bool | None = None,
-    static: Iterable[torch.Tensor] = (),
-) -> Any:
+def snapshot(state: Any, *, buffers: SnapshotBuffers | None = None, pin_memory: bool | None = None,
+             static: Iterable[torch.Tensor] = ()) -> Any:
     """Copy a checkpoint's nested state into host memory, independent of the original.
 
     Every tensor's data is copied (``.cpu()`` alone would return the same storage for a CPU

@@ -59,15 +59,8 @@ class CheckpointWriter:
     the interpreter still lets a started write finish.
     """
 
-    def __init__(
-        self,
-        manager: CheckpointManager,
-        *,
-        background: bool = True,
-        reuse_buffers: bool = True,
-        pin_memory: bool | None = None,
-        static: Iterable[torch.Tensor] = (),
-    ) -> None:
+    def __init__(self, manager: CheckpointManager, *, background: bool = True, reuse_buffers: bool = True,
+                 pin_memory: bool | None = None, static: Iterable[torch.Tensor] = ()) -> None:
         self.manager = manager
         self.background = background
         self.pin_memory = pin_memory

@@ -158,15 +158,8 @@ def _text_to_codes(text_ids: np.ndarray, speaker_index: int, table: _CodeTable, 
     return np.concatenate(runs).astype(np.int32)
 
 
-def _utterances(
-    prefix: str,
-    count: int,
-    speakers: Sequence[str],
-    sp: spm.SentencePieceProcessor,
-    table: _CodeTable,
-    spec: DemoCorpusSpec,
-    rng: np.random.Generator,
-) -> list[_Utterance]:
+def _utterances(prefix: str, count: int, speakers: Sequence[str], sp: spm.SentencePieceProcessor,
+                table: _CodeTable, spec: DemoCorpusSpec, rng: np.random.Generator) -> list[_Utterance]:
     utterances = []
     for index in range(count):
         speaker_index = index % len(speakers)  # balanced speakers

@@ -103,19 +103,10 @@ def _mel_input(model: UnifiedVoiceGPT, codes: torch.Tensor, index: int, mel_posi
     return (model.mel_embedding(codes) + model.mel_pos_embedding.emb.weight[row]).unsqueeze(1)
 
 
-def generate_codes(
-    model: UnifiedVoiceGPT,
-    text_ids: torch.Tensor,
-    text_lens: torch.Tensor,
-    max_codes: int,
-    *,
-    sampling: Sampling | None = None,
-    generator: Generators | None = None,
-    repetition_penalty: float = 1.0,
-    kv_cache: bool = True,
-    mel_positions: str = "upstream",
-    **conditioning: torch.Tensor,
-) -> GeneratedCodes:
+def generate_codes(model: UnifiedVoiceGPT, text_ids: torch.Tensor, text_lens: torch.Tensor, max_codes: int, *,
+                   sampling: Sampling | None = None, generator: Generators | None = None,
+                   repetition_penalty: float = 1.0, kv_cache: bool = True, mel_positions: str = "upstream",
+                   **conditioning: torch.Tensor) -> GeneratedCodes:
     """Mel codes for each of B texts: greedy unless `sampling` is given, which needs `generator` (on the
     model's device): one, or a list of B, one per text. text_ids [B,T] (no start/stop), text_lens [B], and the
     model's conditioning inputs by name (model.CONDITIONING; IndexTTS2: condition [B,32,D], emo_vec [B,D]).

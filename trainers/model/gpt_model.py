@@ -292,17 +292,10 @@ class UnifiedVoiceGPT(nn.Module):
 
     # -- forward --
 
-    def hidden_states(
-        self,
-        conditioning: Mapping[str, torch.Tensor],
-        text_in: torch.Tensor,
-        text_lens: torch.Tensor,
-        mel_in: torch.Tensor,
-        code_lens: torch.Tensor,
-        dropout_keys: torch.Tensor | None = None,
-        layout: str = "packed",
-        packed_len: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def hidden_states(self, conditioning: Mapping[str, torch.Tensor], text_in: torch.Tensor,
+                      text_lens: torch.Tensor, mel_in: torch.Tensor, code_lens: torch.Tensor,
+                      dropout_keys: torch.Tensor | None = None, layout: str = "packed",
+                      packed_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final-normed hidden states at the text and mel input positions: [B,T+2,D], [B,M+2,D].
 
         `conditioning`: the batch's CONDITIONING inputs by name. `packed_len`: `packed_length(text_lens,
@@ -376,17 +369,10 @@ class UnifiedVoiceGPT(nn.Module):
         chunked_head_cross_entropy)."""
         return summed_cross_entropy(self.text_head(h).float(), targets, self.deterministic_loss)
 
-    def forward(
-        self,
-        condition: torch.Tensor,
-        emo_vec: torch.Tensor,
-        text_ids: torch.Tensor,
-        text_lens: torch.Tensor,
-        codes: torch.Tensor,
-        code_lens: torch.Tensor,
-        dropout_keys: torch.Tensor | None = None,
-        layout: str = "packed",
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
+                text_lens: torch.Tensor, codes: torch.Tensor, code_lens: torch.Tensor,
+                dropout_keys: torch.Tensor | None = None,
+                layout: str = "packed") -> tuple[torch.Tensor, torch.Tensor]:
         """Text and mel logits for a batch, as upstream's training forward computes them.
 
         condition [B,32,D] float, emo_vec [B,D], text_ids [B,T] (no start/stop), text_lens [B],
@@ -397,17 +383,10 @@ class UnifiedVoiceGPT(nn.Module):
         return self._logits({"condition": condition, "emo_vec": emo_vec}, text_ids, text_lens, codes, code_lens,
                             dropout_keys, layout)
 
-    def loss_sums(
-        self,
-        condition: torch.Tensor,
-        emo_vec: torch.Tensor,
-        text_ids: torch.Tensor,
-        text_lens: torch.Tensor,
-        codes: torch.Tensor,
-        code_lens: torch.Tensor,
-        dropout_keys: torch.Tensor | None = None,
-        packed_len: int | None = None,
-    ) -> dict[str, torch.Tensor]:
+    def loss_sums(self, condition: torch.Tensor, emo_vec: torch.Tensor, text_ids: torch.Tensor,
+                  text_lens: torch.Tensor, codes: torch.Tensor, code_lens: torch.Tensor,
+                  dropout_keys: torch.Tensor | None = None,
+                  packed_len: int | None = None) -> dict[str, torch.Tensor]:
         """Summed (not averaged) cross-entropies and counts over valid targets.
 
         Sums let the trainer divide by the token count of the whole optimizer step, so the
