@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import os
 import random
@@ -167,18 +168,20 @@ class VerificationError(Exception):
 
 @dataclass(frozen=True)
 class ExtendConfig:
+    """The command line, one field per flag (defaults live in build_parser)."""
+
     base_model: Path
-    manifests: tuple[Path, ...]
+    manifests: list[Path]
     output_model: Path
     output_vocab: Path
     report: Path
     target_size: int
-    candidate_size: int | None = None
-    character_coverage: float = 1.0
-    add_unicode_blocks: bool = False
-    check_texts: tuple[Path, ...] = ()
-    seed: int = 0
-    num_threads: int = 1
+    candidate_size: int | None
+    character_coverage: float
+    add_unicode_blocks: bool
+    check_text: list[Path]
+    seed: int
+    num_threads: int
 
 
 @dataclass
@@ -659,7 +662,7 @@ class Plan:
 
 def read_corpus(cfg: ExtendConfig, base: BaseModel) -> Corpus:
     lines = [line for path in cfg.manifests for line in read_lines(path, "--manifests")]
-    check_text = [line for path in cfg.check_texts for line in read_lines(path, "--check-text")]
+    check_text = [line for path in cfg.check_text for line in read_lines(path, "--check-text")]
     if not lines:
         raise UserError("no text found in --manifests " + " ".join(map(str, cfg.manifests))
                         + '; give JSONL files with a "text" field or plain-text files with one sentence per line')
@@ -821,14 +824,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_config(argv: Sequence[str] | None) -> ExtendConfig:
     args = build_parser().parse_args(argv)
-    cfg = ExtendConfig(
-        base_model=args.base_model, manifests=tuple(args.manifests), output_model=args.output_model,
-        output_vocab=args.output_vocab or args.output_model.with_suffix(".vocab"),
-        report=args.report or Path(f"{args.output_model}.report.json"), target_size=args.target_size,
-        candidate_size=args.candidate_size, character_coverage=args.character_coverage,
-        add_unicode_blocks=args.add_unicode_blocks, check_texts=tuple(args.check_text), seed=args.seed,
-        num_threads=args.num_threads,
-    )
+    args.output_vocab = args.output_vocab or args.output_model.with_suffix(".vocab")
+    args.report = args.report or Path(f"{args.output_model}.report.json")
+    cfg = ExtendConfig(**vars(args))
     validate_config(cfg)
     return cfg
 
@@ -844,11 +842,9 @@ def validate_config(cfg: ExtendConfig) -> None:
     for flag, path in outputs.items():
         if _same_file(path, cfg.base_model):
             raise UserError(f"{flag} {path} is the --base-model; write the extended model to a new file")
-    names = list(outputs)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            if _same_file(outputs[a], outputs[b]):
-                raise UserError(f"{a} and {b} are the same file ({outputs[a]}); give them different paths")
+    for (a, path), (b, other) in itertools.combinations(outputs.items(), 2):
+        if _same_file(path, other):
+            raise UserError(f"{a} and {b} are the same file ({path}); give them different paths")
 
 
 def _same_file(a: Path, b: Path) -> bool:
