@@ -39,7 +39,6 @@ a base model and corpus that would change base-language ids (message on stderr a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import itertools
 import json
@@ -58,8 +57,8 @@ import sentencepiece as spm
 
 from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
+from trainers.files import temp_path, write_fsynced
 from trainers.tools.tokenizer import sp_model_proto as proto
-from trainers.tools.tokenizer.new_files import create_beside
 from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
 
 
@@ -600,11 +599,8 @@ def write_outputs(files: dict[Path, bytes], verify: dict[Path, Callable[[Path], 
     try:
         for path, data in files.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, staged[path] = create_beside(path)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+            staged[path] = temp_path(path)
+            write_fsynced(staged[path], lambda handle: handle.write(data))
         for path, check in verify.items():
             check(staged[path])
         for path, tmp in staged.items():
@@ -613,8 +609,7 @@ def write_outputs(files: dict[Path, bytes], verify: dict[Path, Callable[[Path], 
         raise UserError(f"cannot write {exc.filename or 'the outputs'}: {exc.strerror}") from None
     finally:
         for tmp in staged.values():
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            tmp.unlink(missing_ok=True)
 
 
 def vocab_text(pieces: Iterable[proto.Piece]) -> str:

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trainers.tools.tokenizer.new_files import create_beside
+from trainers.files import temp_path
 from trainers.tools.tokenizer.retokenize_lines import Line, Plan
 
 IDS_DIR = "text_ids"
@@ -129,9 +129,9 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = False) -> bool:
     except OSError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = create_beside(path)
+    tmp = temp_path(path)
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with open(tmp, "wb") as handle:
             handle.write(data)
             if sync:
                 handle.flush()
