@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from trainers.tools.tokenizer.retokenize_errors import Refusal
 
 START_TEXT_TOKEN, STOP_TEXT_TOKEN = 0, 1  # official config; --config may say otherwise
@@ -54,10 +56,6 @@ def resolve_limits(config: Path | None, max_text_tokens: int | None) -> Limits:
     if config is None:
         source = "--max-text-tokens" if max_text_tokens is not None else "none"
         return Limits(max_text_tokens, None, source)
-    try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml is in requirements.txt
-        raise Refusal(["--config needs pyyaml (pip install pyyaml), or pass --max-text-tokens instead"]) from None
     try:
         data = yaml.safe_load(config.read_text(encoding="utf-8"))
     except FileNotFoundError:

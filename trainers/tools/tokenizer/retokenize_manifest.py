@@ -85,13 +85,13 @@ MAX_LISTED_CHARS = 20
 
 
 @dataclass(frozen=True)
-class Config:
+class Config:  # the command line, one field per flag
     tokenizer: Path
-    manifests: tuple[Path, ...]
+    manifests: list[Path]
     output_dir: Path
-    config: Path | None = None
-    max_text_tokens: int | None = None
-    language: str | None = None  # IndexTTS-2.5: the language of lines without a "language" field
+    config: Path | None
+    language: str | None  # IndexTTS-2.5: the language of lines without a "language" field
+    max_text_tokens: int | None
 
 
 def plan_all(cfg: Config) -> tuple[Tokenizer | TiktokenLines, Limits, list[Plan]]:
@@ -226,9 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_config(argv: Sequence[str] | None) -> Config:
-    args = build_parser().parse_args(argv)
-    return Config(args.tokenizer, tuple(args.manifests), args.output_dir, args.config, args.max_text_tokens,
-                  args.language)
+    return Config(**vars(build_parser().parse_args(argv)))
 
 
 @quiet_broken_pipes()
