@@ -30,10 +30,7 @@ APPLIED_FRONT_END = (
 
 @dataclass
 class Tokenizer:
-    path: Path
     sp: spm.SentencePieceProcessor
-    start: int
-    stop: int
     family: str = "indextts2"
     applied: str = APPLIED_FRONT_END
     skipped: str = SKIPPED_NORMALISATION
@@ -41,11 +38,8 @@ class Tokenizer:
     def size(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode([front_end(t) for t in texts], out_type=int)
-
     def encode_lines(self, texts: Sequence[str], languages: Sequence[str | None]) -> list[list[int]]:
-        return self.encode(texts)
+        return self.sp.encode([front_end(t) for t in texts], out_type=int)
 
     def counts(self, ids: Sequence[int]) -> tuple[int, int]:
         """(<unk> ids, byte-fallback ids) among `ids`."""
@@ -87,26 +81,17 @@ def load_tokenizer(path: Path, start: int, stop: int) -> Tokenizer:
                 "(SentencePiece training: --bos_id=0 --eos_id=1 --unk_id=2)")
     if problems:
         raise Refusal(problems)
-    return Tokenizer(path, sp, start, stop)
+    return Tokenizer(sp)
 
 
 @dataclass
 class TiktokenLines:
     """IndexTTS-2.5's tokenizer (its .tiktoken file) and front end: each line encoded in its language."""
 
-    path: Path
     encoding: object
+    applied: str
+    skipped: str
     family: str = "indextts25"
-
-    @property
-    def applied(self) -> str:
-        from trainers.families.indextts25.front_end import APPLIED
-        return APPLIED
-
-    @property
-    def skipped(self) -> str:
-        from trainers.families.indextts25.front_end import SKIPPED
-        return SKIPPED
 
     def size(self) -> int:
         return self.encoding.n_vocab
@@ -129,11 +114,12 @@ class TiktokenLines:
 
 def load_any_tokenizer(path: Path, start: int, stop: int) -> Tokenizer | TiktokenLines:
     """A .tiktoken file is IndexTTS-2.5's tokenizer; anything else must be a SentencePiece model."""
+    from trainers.families.indextts25.front_end import APPLIED, SKIPPED
     from trainers.families.indextts25.tokenizer import NotTiktoken, encoding, is_tiktoken_file
 
     if path.is_file() and is_tiktoken_file(path):
         try:
-            return TiktokenLines(path, encoding(path))
+            return TiktokenLines(encoding(path), APPLIED, SKIPPED)
         except NotTiktoken as exc:
             raise Refusal([f"--tokenizer {path}: not a tiktoken file of IndexTTS-2.5 ({exc})"]) from None
     return load_tokenizer(path, start, stop)
