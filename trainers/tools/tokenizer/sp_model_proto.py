@@ -27,6 +27,7 @@ MODEL_TYPE_NAMES = {UNIGRAM: "unigram", BPE: "bpe", WORD: "word", CHAR: "char"}
 
 # Wire types.
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
+FIXED_SIZES = {FIXED32: 4, FIXED64: 8}
 
 # Top-level ModelProto field numbers.
 PIECES_FIELD, TRAINER_SPEC_FIELD, NORMALIZER_SPEC_FIELD = 1, 2, 3
@@ -93,19 +94,18 @@ def iter_fields(data: bytes) -> Iterator[Field]:
             raise ProtoError(f"field number 0 at byte {start}")
         if wire_type == VARINT:
             value, pos = read_varint(data, pos)
-        elif wire_type == LENGTH_DELIMITED:
-            length, pos = read_varint(data, pos)
-            if pos + length > len(data):
-                raise ProtoError(f"field {number} at byte {start} runs past the end of the data")
-            value, pos = data[pos:pos + length], pos + length
-        elif wire_type in (FIXED32, FIXED64):
-            size = 4 if wire_type == FIXED32 else 8
-            if pos + size > len(data):
-                raise ProtoError(f"field {number} at byte {start} runs past the end of the data")
-            value, pos = data[pos:pos + size], pos + size
+            yield Field(number, wire_type, value, data[start:pos])
+            continue
+        if wire_type == LENGTH_DELIMITED:
+            size, pos = read_varint(data, pos)
+        elif wire_type in FIXED_SIZES:
+            size = FIXED_SIZES[wire_type]
         else:  # 3/4 are the deprecated groups, 6/7 do not exist; sentencepiece uses neither
             raise ProtoError(f"unsupported wire type {wire_type} at byte {start}")
-        yield Field(number, wire_type, value, data[start:pos])
+        if pos + size > len(data):
+            raise ProtoError(f"field {number} at byte {start} runs past the end of the data")
+        pos += size
+        yield Field(number, wire_type, data[pos - size:pos], data[start:pos])
 
 
 def encode_tag(number: int, wire_type: int) -> bytes:
