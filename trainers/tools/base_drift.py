@@ -30,18 +30,6 @@ class LoadedFile:
     stripped_prefix: bool = False
 
 
-@dataclass
-class RowDrift:
-    key: str
-    rows_compared: int
-    rows_changed: int
-    max_abs_diff: float
-    changed: torch.Tensor          # bool per base row (0..Nb), for the union over keys
-    new_rows: int
-    new_rows_mean_abs: float | None
-    same_dtype: bool
-
-
 def compare_with_base(ck: LoadedFile, base: LoadedFile) -> dict[str, Any]:
     check_compatible(ck, base)
     nb = base.state["text_embedding.weight"].shape[0] - 1
@@ -53,13 +41,11 @@ def compare_with_base(ck: LoadedFile, base: LoadedFile) -> dict[str, Any]:
         if missing:
             drift[key] = {"skipped": f"not in the {' or '.join(missing)}"}
             continue
-        d = row_drift(key, ck.state[key], base.state[key])
-        changed |= d.changed
-        max_diff = max(max_diff, d.max_abs_diff) if not math.isnan(d.max_abs_diff) else d.max_abs_diff
-        same_dtype &= d.same_dtype
-        drift[key] = {"max_abs_diff": d.max_abs_diff, "rows_changed": d.rows_changed,
-                      "rows_compared": d.rows_compared, "new_rows": d.new_rows,
-                      "new_rows_mean_abs": d.new_rows_mean_abs}
+        drift[key], rows_changed = row_drift(ck.state[key], base.state[key])
+        changed |= rows_changed
+        key_max = drift[key]["max_abs_diff"]
+        max_diff = max(max_diff, key_max) if not math.isnan(key_max) else key_max
+        same_dtype &= ck.state[key].dtype == base.state[key].dtype
     rows_changed = int(changed.sum())
     return {
         "base": str(base.path),
@@ -88,8 +74,9 @@ def check_compatible(ck: LoadedFile, base: LoadedFile) -> None:
                             "the run started from")
 
 
-def row_drift(key: str, ck: torch.Tensor, base: torch.Tensor) -> RowDrift:
-    """Exact per-row comparison of the base rows; ck has N+1 rows, base Nb+1 rows, N >= Nb."""
+def row_drift(ck: torch.Tensor, base: torch.Tensor) -> tuple[dict[str, Any], torch.Tensor]:
+    """Exact per-row comparison of the base rows; ck has N+1 rows, base Nb+1 rows, N >= Nb. The facts of one
+    tensor, and which base rows (0..Nb) changed, for the union over the tensors."""
     nb, n = base.shape[0] - 1, ck.shape[0] - 1
     changed = torch.zeros(nb + 1, dtype=torch.bool)
     max_diff = 0.0
@@ -101,7 +88,9 @@ def row_drift(key: str, ck: torch.Tensor, base: torch.Tensor) -> RowDrift:
         max_diff = chunk_max if math.isnan(chunk_max) else max(max_diff, chunk_max)
     new = ck[nb:n]
     mean_abs = float(new.double().abs().mean()) if new.numel() else None
-    return RowDrift(key, nb + 1, int(changed.sum()), max_diff, changed, n - nb, mean_abs, ck.dtype == base.dtype)
+    facts = {"max_abs_diff": max_diff, "rows_changed": int(changed.sum()), "rows_compared": nb + 1,
+             "new_rows": n - nb, "new_rows_mean_abs": mean_abs}
+    return facts, changed
 
 
 def compare_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, float]:
