@@ -34,7 +34,6 @@ writes in export_output.py (beside this file).
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +41,8 @@ import torch
 import yaml
 
 from trainers.config.inference_keys import other_model_files
-from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
+from trainers.tools import tool_main
 from trainers.tools.export_contents import (
     CONFIG_NAME, GPT_NAME, Inference, Selection, Source, cast, exported_tokenizer_name, inference_config, listed,
     read_source, resolve_inference, select_tensors,
@@ -175,16 +174,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if args.adapter_only:
-            print(export_adapter(args.source, args.out, args.which, args.ema))
-            return 0
-        result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer, args.base, args.ema)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.adapter_only:
+        print(export_adapter(args.source, args.out, args.which, args.ema))
+        return 0
+    result = export(args.source, args.out, args.which, args.dtype, args.config, args.tokenizer, args.base, args.ema)
     print("\n".join(result.lines()))
     return 0

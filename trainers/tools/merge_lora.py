@@ -19,12 +19,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.files import file_sha256
 from trainers.checkpoint import adapter_file
 from trainers.families import family_for_state
 from trainers.model.weights import read_state_dict, strip_module_prefix
+from trainers.tools import tool_main
 from trainers.tools.export_contents import exported_state, listed
 from trainers.torch_files import atomic_torch_save, load_checkpoint
 
@@ -60,7 +60,7 @@ def merge(adapter: Path, base: Path, out: Path, allow_other_base: bool = False) 
             f"{len(lora.replaced)} replaced tensors into {base} ({family.title}) -> {out}{dropped}")
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Fold a LoRA adapter file into its base gpt.pth (upstream layout).")
     parser.add_argument("--adapter", type=Path, required=True, help="the LoRA adapter file")
@@ -69,9 +69,5 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-other-base", action="store_true",
                         help="merge into a base whose sha256 differs from the one the adapter file names")
     args = parser.parse_args(argv)
-    try:
-        print(merge(args.adapter, args.base, args.out, args.allow_other_base))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    print(merge(args.adapter, args.base, args.out, args.allow_other_base))
     return 0

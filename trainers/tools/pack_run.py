@@ -23,14 +23,12 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from trainers.checkpoint import schema
 from trainers.config.flags import parse_data_root
 from trainers.config.manifest_flags import manifest_flag
 from trainers.config.settings import TrainConfig, saved_settings
-from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.files import file_sha256, fsync_dir, write_fsynced
 from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml
@@ -39,6 +37,7 @@ from trainers.run.portable import (
     relative_inside, saved_fingerprints, write_packed,
 )
 from trainers.run.run_dir import RUN_CONFIG_NAME, SavedRun
+from trainers.tools import tool_main
 from trainers.tools.run_files import newest_checkpoint
 from trainers.torch_files import CheckpointError
 
@@ -161,7 +160,7 @@ def pack(run_dir: Path, remaps: tuple[tuple[str, str], ...] = ()) -> list[str]:
     return lines
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Copy a run's tokenizer and config into its run directory (and "
                                                  "record them in inputs.json), so the run resumes wherever it moves.")
@@ -173,10 +172,5 @@ def main(argv: list[str] | None = None) -> int:
         remaps = tuple(parse_data_root(r) for r in args.data_root)
     except ValueError as exc:
         parser.error(f"--data-root: {exc}")
-    try:
-        lines = pack(args.run_dir, remaps)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print("\n".join(lines))
+    print("\n".join(pack(args.run_dir, remaps)))
     return 0

@@ -37,9 +37,9 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from trainers.checkpoint import schema  # noqa: E402
-from trainers.console_streams import quiet_broken_pipes  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
 from trainers.files import temp_path  # noqa: E402
+from trainers.tools import tool_main  # noqa: E402
 from trainers.tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 from trainers.torch_files import CheckpointError  # noqa: E402
 
@@ -269,15 +269,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.out.is_dir():
-        print(f"error: --out {args.out} is a directory; name the PNG file to write", file=sys.stderr)
-        return 2
+        raise UserError(f"--out {args.out} is a directory; name the PNG file to write")
     if args.out.suffix.lower() != ".png":
-        print(f"error: --out {args.out}: the plot is a PNG; name it *.png", file=sys.stderr)
-        return 2
+        raise UserError(f"--out {args.out}: the plot is a PNG; name it *.png")
     runs = []
     for run_dir in args.runs:
         try:
@@ -285,14 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         except UserError as exc:
             print(f"skipped {run_dir}: {exc}", file=sys.stderr)
     if not runs:
-        print("error: none of the runs can be plotted (see above); nothing was written", file=sys.stderr)
-        return 2
+        raise UserError("none of the runs can be plotted (see above); nothing was written")
     label_runs(runs)
     try:
         save_png(build_figure(runs), args.out)
     except OSError as exc:
-        print(f"error: could not write {args.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        raise UserError(f"could not write {args.out}: {exc.strerror or exc}") from None
     for run in runs:
         print(describe(run))
     print(f"wrote {args.out}")

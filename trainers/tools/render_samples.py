@@ -38,10 +38,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.run.sample_sets import SAMPLES_DIR, SampleSet, read_step
 from trainers.tools import indextts_upstream as upstream_tts
+from trainers.tools import tool_main
 from trainers.tools.sample_features import SampleInputs, sample_inputs
 from trainers.tools.wav_files import safe_names, write_wav
 
@@ -177,13 +177,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        for line in render(args):
-            print(line)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    for line in render(parse_args(argv)):
+        print(line)
     return 0

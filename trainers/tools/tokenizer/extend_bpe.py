@@ -55,9 +55,9 @@ from typing import Callable, Iterable, Sequence
 
 import sentencepiece as spm
 
-from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.files import temp_path, write_fsynced
+from trainers.tools import tool_main
 from trainers.tools.tokenizer import sp_model_proto as proto
 from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
 
@@ -848,13 +848,10 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
     try:
         extend(parse_config(argv))
-    except UserError as exc:
-        _say(f"error: {exc}")
-        return EXIT_USAGE
     except VerificationError as exc:
         _say(f"error: {exc}")
         return EXIT_FAILED
