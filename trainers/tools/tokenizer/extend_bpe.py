@@ -59,6 +59,7 @@ from trainers.errors import UserError
 from trainers.files import temp_path, write_fsynced
 from trainers.tools import tool_main
 from trainers.tools.tokenizer import sp_model_proto as proto
+from trainers.tools.tokenizer.retokenize_front_end import lower_case_only
 from trainers.tools.tokenizer.retokenize_lines import SINGLE, detect_form, text_of
 
 
@@ -527,12 +528,6 @@ def upper_case_gaps(base: BaseModel) -> dict[str, str]:
             if c.upper() != c and any(base.is_new(u) for u in c.upper())}
 
 
-def looks_lower_case(base: BaseModel) -> bool:
-    """The base has cased letters, all lower-case: it was trained on text that was not upper-cased."""
-    cased = [c for c in base.covered if c.isupper() or c.islower()]
-    return bool(cased) and not any(c.isupper() for c in cased)
-
-
 def explain_changed_lines(base: BaseModel, changed: Sequence[str]) -> str | None:
     """Why base-language lines change, and what to do; None if no input explains it.
 
@@ -550,7 +545,7 @@ def explain_changed_lines(base: BaseModel, changed: Sequence[str]) -> str | None
                 "base model that has pieces for them.")
     lows = [low for low, up in gaps.items() if any(c in up for c in from_upper)]
     examples = ", ".join(f"{low!r} but not {gaps[low]!r}" for low in lows[:MAX_CHANGED_LINES_SHOWN])
-    if looks_lower_case(base):
+    if lower_case_only(base.covered):
         what = ("the base model was trained on text that was not upper-cased: it has lower-case letters and no "
                 f"upper-case ones ({examples})")
     else:
@@ -748,7 +743,7 @@ def extend(cfg: ExtendConfig) -> ExtendReport:
         raise UserError(f"--target-size {cfg.target_size} must be larger than the base model's "
                         f"{base.size} pieces ({cfg.base_model}); it is the total size of the extended model, "
                         "base pieces included")
-    if looks_lower_case(base):
+    if lower_case_only(base.covered):
         _say(f"warning: the base model {cfg.base_model} has lower-case letters and no upper-case ones, but IndexTTS2 "
              "upper-cases text before tokenizing: at runtime it turns Latin letters into <unk>. Use a base trained "
              "on upper-cased text (as the official bpe.model is)")

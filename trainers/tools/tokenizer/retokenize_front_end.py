@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
@@ -53,12 +53,17 @@ class Tokenizer:
         return [c for c, ids in zip(chars, self.sp.encode(chars, out_type=int)) if unk in ids]
 
     def looks_lower_case(self) -> bool:
-        """Cased letters in its text pieces, none upper-case: trained on text that was not upper-cased."""
         sp = self.sp
-        cased = {c for i in range(sp.get_piece_size())
-                 if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i))
-                 for c in sp.id_to_piece(i) if c.islower() or c.isupper()}
-        return bool(cased) and not any(c.isupper() for c in cased)
+        text_pieces = (i for i in range(sp.get_piece_size())
+                       if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)))
+        return lower_case_only(c for i in text_pieces for c in sp.id_to_piece(i))
+
+
+def lower_case_only(chars: Iterable[str]) -> bool:
+    """Cased letters, none upper-case: the characters of a tokenizer trained on text that was not upper-cased
+    (extend_bpe asks this of a base model too)."""
+    cased = {c for c in chars if c.islower() or c.isupper()}
+    return bool(cased) and not any(c.isupper() for c in cased)
 
 
 def load_tokenizer(path: Path, start: int, stop: int) -> Tokenizer:
