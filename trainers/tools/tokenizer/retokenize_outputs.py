@@ -3,7 +3,7 @@
 atomic writes of the .npy id files and then the manifest."""
 from __future__ import annotations
 
-import contextlib
+import functools
 import io
 import json
 import os
@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trainers.files import temp_path
+from trainers.files import file_identity, temp_path
 from trainers.tools.tokenizer.retokenize_lines import Line, Plan
 
 IDS_DIR = "text_ids"
@@ -45,21 +45,6 @@ def rewrite_line(line: Line, source_dir: str, out_dir: str, ids_path: str) -> di
     return row
 
 
-class _RealPaths:
-    """os.path.realpath that resolves each folder once: manifests name many files in few folders.
-    A file that is itself a symlink is caught by the inode comparison in output_problems."""
-
-    def __init__(self) -> None:
-        self.folders: dict[str, str] = {}
-
-    def __call__(self, path: Path | str) -> str:
-        folder, name = os.path.split(os.path.abspath(path))
-        real = self.folders.get(folder)
-        if real is None:
-            real = self.folders[folder] = os.path.realpath(folder)
-        return os.path.join(real, name)
-
-
 def input_paths(plans: Sequence[Plan]) -> list[str]:
     """Every file an input names: the manifests and each line's *_path fields, resolved."""
     paths = []
@@ -76,7 +61,14 @@ def output_problems(plans: Sequence[Plan], out_dir: Path, extra_inputs: Sequence
     """Outputs that would collide with each other or replace an input."""
     if out_dir.exists() and not out_dir.is_dir():
         return [f"--output-dir {out_dir} exists and is not a folder; pass a folder path"]
-    real = _RealPaths()
+    # os.path.realpath that resolves each folder once: manifests name many files in few folders. A file that is
+    # itself a symlink is caught by the inode comparison below.
+    real_folder = functools.cache(os.path.realpath)
+
+    def real(path: Path | str) -> str:
+        folder, name = os.path.split(os.path.abspath(path))
+        return os.path.join(real_folder(folder), name)
+
     problems = []
     by_stem: dict[str, Path] = {}
     for plan in plans:
@@ -92,22 +84,17 @@ def output_problems(plans: Sequence[Plan], out_dir: Path, extra_inputs: Sequence
     if problems:
         return problems
     inputs = {real(p): p for p in [*input_paths(plans), *extra_inputs]}
-    inodes: dict[tuple[int, int], str | Path] | None = None  # built when an output already exists
+    inodes: dict[tuple[int, int] | None, str | Path] | None = None  # built when an output already exists
     for plan in plans:
         for out in [plan.output] + [out_dir / ids_relpath(plan.manifest, line.number) for line in plan.lines]:
             hit = inputs.get(real(out))
             if hit is None:
-                try:
-                    st = os.stat(out)
-                except OSError:
+                identity = file_identity(out)
+                if identity is None:
                     continue  # nothing there: it cannot be an input
                 if inodes is None:  # a hard link or a symlink to an input is that input too
-                    inodes = {}
-                    for path, given in inputs.items():
-                        with contextlib.suppress(OSError):
-                            info = os.stat(path)
-                            inodes[(info.st_dev, info.st_ino)] = given
-                hit = inodes.get((st.st_dev, st.st_ino))
+                    inodes = {file_identity(path): given for path, given in inputs.items()}
+                hit = inodes.get(identity)
             if hit is not None:
                 return [f"--output-dir {out_dir}: writing {out} would replace the input {os.path.normpath(hit)}; "
                         "choose an --output-dir that holds no input (e.g. a new folder next to the manifest)"]
