@@ -30,7 +30,7 @@ from trainers.config.flags import parse_data_root
 from trainers.config.manifest_flags import manifest_flag
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
-from trainers.files import file_sha256, fsync_dir, write_fsynced
+from trainers.files import file_sha256, write_atomically
 from trainers.run.inputs import gpt_config, model_config_fingerprint, read_model_yaml
 from trainers.run.portable import (
     INPUTS_FILE, PACKED_DIR, Found, Places, common_dir, find, missing_report, moved_dirs, read_packed,
@@ -85,15 +85,12 @@ def check_fingerprints(saved: SavedRun, tokenizer: Found, config: Found, expecte
 
 
 def copy_into(source: Path, target: Path) -> bool:
-    """Copy `source` to `target` under a temporary name, fsynced, then renamed; False if it is already there."""
+    """Copy `source` to `target` durably (write_atomically); False if it is already there."""
     if target.is_file() and file_sha256(target) == file_sha256(source):
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp")
     with open(source, "rb") as src:
-        write_fsynced(tmp, lambda dst: shutil.copyfileobj(src, dst, 1 << 20))
-    os.replace(tmp, target)
-    fsync_dir(target.parent)
+        write_atomically(target, lambda dst: shutil.copyfileobj(src, dst, 1 << 20))
     return True
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from trainers.checkpoint import schema  # noqa: E402
 from trainers.errors import UserError  # noqa: E402
-from trainers.files import temp_path  # noqa: E402
+from trainers.files import write_atomically  # noqa: E402
 from trainers.tools import tool_main  # noqa: E402
 from trainers.tools.run_files import BEST_NAME, newest_checkpoint  # noqa: E402
 from trainers.torch_files import CheckpointError  # noqa: E402
@@ -240,17 +239,6 @@ def forgetting_panel(ax: Any, lang: str, runs: list[RunHistory], colours: list[A
             ax.axhline(run.limits[lang], color=colour, gid=f"limit:{run.label}", **RESUME_STYLE)
 
 
-def save_png(fig: Figure, out: Path) -> None:
-    """Write the PNG under a temporary name and rename it, so a reader never sees half an image."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(out)
-    try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def describe(run: RunHistory) -> str:
     counts = {kind: max((len(p) for p in getattr(run, kind).values()), default=0) for kind in ("train", "val")}
     parts = [f"{run.label}: {run.checkpoint.name} at step {run.step}, {counts['train']} train and "
@@ -285,8 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise UserError("none of the runs can be plotted (see above); nothing was written")
     label_runs(runs)
-    try:
-        save_png(build_figure(runs), args.out)
+    figure = build_figure(runs)
+    try:  # under a temporary name, then renamed: a reader never sees half an image
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(args.out, lambda f: figure.savefig(f, format="png", dpi=110))
     except OSError as exc:
         raise UserError(f"could not write {args.out}: {exc.strerror or exc}") from None
     for run in runs:
