@@ -176,12 +176,6 @@ class Inference:
     family: ModelFamily = FAMILIES["indextts2"]
 
 
-def text_tokens_of(source: Source) -> int:
-    if source.checkpoint is not None:
-        return source.checkpoint.text_tokens
-    return int(strip_module_prefix(source.state)[0]["text_embedding.weight"].shape[0]) - 1
-
-
 def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: Path | None) -> Inference:
     ckpt, notes = source.checkpoint, []
     if config_flag is not None:
@@ -198,7 +192,8 @@ def resolve_inference(source: Source, config_flag: Path | None, tokenizer_flag: 
     data = read_config_yaml(config_path, f"--config {config_path}" if config_flag is not None else str(config_path),
                             "pass --config with the IndexTTS2 config.yaml the checkpoint was trained with")
     family = family_named(ckpt.model_family, str(source.path)) if ckpt is not None else family_for_config(data)
-    text_tokens = text_tokens_of(source)
+    text_tokens = ckpt.text_tokens if ckpt is not None else \
+        int(strip_module_prefix(source.state)[0]["text_embedding.weight"].shape[0]) - 1
     try:
         gpt = family.read_config(data["gpt"], number_text_tokens=text_tokens)
     except (ValueError, TypeError) as exc:

@@ -89,12 +89,6 @@ def _remove_temporaries(out: Path, names: list[str]) -> None:
             entry.unlink(missing_ok=True)
 
 
-def _write_temporary(out: Path, name: str, write: Callable[[Any], None]) -> tuple[Path, str]:
-    tmp = temp_path(out / name)
-    write_fsynced(tmp, write)
-    return tmp, file_sha256(tmp)
-
-
 def write_export(out: Path, files: dict[str, Callable[[Any], None]], record: Record | None,
                  info: dict[str, Any]) -> dict[str, str]:
     """Write `files` (name -> writer of its bytes) into `out` atomically; their sha256. UserError if a write fails."""
@@ -105,7 +99,9 @@ def write_export(out: Path, files: dict[str, Callable[[Any], None]], record: Rec
         temps: dict[str, tuple[Path, str]] = {}
         try:
             for name, write in files.items():
-                temps[name] = _write_temporary(out, name, write)
+                tmp = temp_path(out / name)
+                write_fsynced(tmp, write)
+                temps[name] = tmp, file_sha256(tmp)
         except BaseException:
             for tmp, _ in temps.values():
                 tmp.unlink(missing_ok=True)

@@ -84,11 +84,9 @@ class Upstream:
 
 
 def import_upstream(indextts_dir: Path | None, family: str = "indextts2") -> Upstream:
-    """indextts.infer_v2 (infer_v2_5 for IndexTTS-2.5) from `indextts_dir` (a checkout's root, or its indextts/
-    folder) or the installed package; a UserError with the install instructions when it or a module it needs is
-    missing."""
-    module = import_inference(indextts_dir, *(("infer_v2_5", "IndexTTS-2.5") if family == INDEXTTS25 else
-                                              ("infer_v2", "IndexTTS2")))
+    """import_inference for the model family, with the torchaudio it calls."""
+    name, product = ("infer_v2_5", "IndexTTS-2.5") if family == INDEXTTS25 else ("infer_v2", "IndexTTS2")
+    module = import_inference(indextts_dir, name, product)
     return Upstream(module, module_global(module, "torchaudio", indextts_dir))
 
 

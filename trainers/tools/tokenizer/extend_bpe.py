@@ -337,10 +337,6 @@ def _runtime_producible(base: BaseModel, char: str) -> bool:
 
 # ----------------------------------------------------------------------------- candidates
 
-def default_candidate_size(base: BaseModel, target_size: int, corpus_chars: int) -> int:
-    return max(2 * (target_size - base.size), MIN_CANDIDATE_SIZE) + corpus_chars
-
-
 def candidate_trainer_options(base: BaseModel, vocab_size: int, coverage: float, threads: int) -> dict:
     options: dict = dict(
         model_type=proto.MODEL_TYPE_NAMES[base.proto.model_type],
@@ -675,7 +671,7 @@ def plan_pieces(cfg: ExtendConfig, base: BaseModel, corpus: Corpus) -> Plan:
             + f" each need a single-character piece, so the target must be at least {base.size + len(singles)}")
 
     corpus_chars = len({c for line in corpus.processed for c in line})
-    size = cfg.candidate_size or default_candidate_size(base, cfg.target_size, corpus_chars)
+    size = cfg.candidate_size or max(2 * (cfg.target_size - base.size), MIN_CANDIDATE_SIZE) + corpus_chars
     candidates: list[proto.Piece] = []
     if needed:
         candidates, size = train_candidates(base, corpus.processed, cfg, size, needed)
