@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,10 @@ import torch
 
 from trainers.checkpoint import schema
 from trainers.config.settings import saved_settings
-from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import UserError
 from trainers.families import FAMILIES
 from trainers.model.weights import state_dict_of, strip_module_prefix
+from trainers.tools import tool_main
 from trainers.tools.base_drift import LoadedFile, compare_with_base
 from trainers.tools.run_files import WHICH_HELP, checkpoint_path
 from trainers.tools.verify_checkpoint import render_verify, verify
@@ -343,23 +342,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-@quiet_broken_pipes()
+@tool_main
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         path = checkpoint_path(args.checkpoint, args.which)
         if args.verify:
             result = verify(path)
-        else:
-            facts = inspect(path, args.base)
-    except UserError as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    if args.verify:
-        print(json.dumps(result, indent=2) if args.json else "\n".join(render_verify(result)))
-        return 1 if result["integrity"] == "corrupt" else 0
-    if args.json:
-        print(json.dumps(json_safe(facts), indent=2))
-    else:
-        print("\n".join(render_text(facts)))
+            print(json.dumps(result, indent=2) if args.json else "\n".join(render_verify(result)))
+            return 1 if result["integrity"] == "corrupt" else 0
+        facts = inspect(path, args.base)
+    except UserError as exc:  # said on one line, however the message was wrapped
+        raise UserError(" ".join(str(exc).split())) from None
+    print(json.dumps(json_safe(facts), indent=2) if args.json else "\n".join(render_text(facts)))
     return 0

@@ -134,9 +134,7 @@ def render(args: argparse.Namespace) -> list[str]:
     tts = upstream_tts.load_pipeline(upstream, args.model_dir, args.device)
     voice = upstream_tts.prompt_voice(upstream, tts, args.prompt_audio, family)
     job.out.mkdir(parents=True, exist_ok=True)
-    clips = []
-    for i, sid in wanted:
-        clips.append((sid, _render_one(tts, voice, job, i, inputs.get(sid))))
+    clips = [(sid, _render_one(tts, voice, job, i, inputs.get(sid))) for i, sid in wanted]
     if args.tensorboard and clips:
         write_tensorboard(args.run_dir / "logs", s.step, clips, upstream_tts.SAMPLE_RATE)
     lines = [f"rendered {len(clips)} of {len(s.ids)} samples of step {s.step} to {job.out}"]
