@@ -80,9 +80,6 @@ class RunHistory:
     forgetting: dict[str, Points] = field(default_factory=dict)
     limits: dict[str, float] = field(default_factory=dict)
 
-    def series(self, kind: str, key: str) -> Points:
-        return (self.train if kind == "train" else self.val).get(key, [])
-
 
 def _value(x: Any) -> float | None:
     """A plottable number: non-finite values (a diverged step) become NaN, a gap in the line."""
@@ -191,7 +188,7 @@ def build_figure(runs: list[RunHistory]) -> Figure:
         drawn = False
         for run, colour in zip(runs, colours):
             for kind, style in (("train", TRAIN_STYLE), ("val", VAL_STYLE)):
-                points = run.series(kind, key)
+                points = getattr(run, kind).get(key)  # kind: "train" or "val"
                 if points:
                     xs, ys = zip(*points)
                     ax.plot(xs, ys, color=colour, gid=f"{kind}:{run.label}", **style)
@@ -208,12 +205,10 @@ def build_figure(runs: list[RunHistory]) -> Figure:
         ax.set_xlabel("optimizer step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles = [Line2D([], [], color=c, linewidth=3, label=r.label) for r, c in zip(runs, colours)]
-    handles += [Line2D([], [], color="black", label="train", **TRAIN_STYLE),
-                Line2D([], [], color="black", label="validation", **VAL_STYLE),
-                Line2D([], [], color="black", label="resumed", **RESUME_STYLE),
-                Line2D([], [], color="black", label="best.pth", **BEST_STYLE)]
+    lines = [("train", TRAIN_STYLE), ("validation", VAL_STYLE), ("resumed", RESUME_STYLE), ("best.pth", BEST_STYLE)]
     if any(run.limits for run in runs):
-        handles.append(Line2D([], [], color="black", label="--forgetting-limit", **RESUME_STYLE))
+        lines.append(("--forgetting-limit", RESUME_STYLE))
+    handles += [Line2D([], [], color="black", label=label, **style) for label, style in lines]
     fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 6), frameon=False)
     return fig
 
