@@ -89,10 +89,8 @@ def _value(x: Any) -> float | None:
 
 
 def history_series(history: list[Any]) -> tuple[dict[str, Points], dict[str, Points], list[int]]:
-    """Train and validation points per metric, and the resume steps, from a checkpoint's history.
-
-    A step logged twice (say, validated again after a resume) keeps its newest value.
-    """
+    """Train and validation points per metric, and the resume steps; a step logged twice (say, validated again
+    after a resume) keeps its newest value."""
     by_kind: dict[str, dict[str, dict[int, float]]] = {"train": {}, "val": {}}
     resumes: list[int] = []
     for entry in history:

@@ -14,11 +14,8 @@ from trainers.torch_files import CheckpointError, load_checkpoint
 
 
 def verify(path: Path) -> dict[str, Any]:
-    """Whether `path` matches the checksums written with it: {"file", "format", "integrity", "problems"}.
-
-    "integrity" is "ok", "corrupt" or "not verifiable"; "problems" names what failed (each tensor
-    or field that differs, or why the file cannot be read), or why it cannot be verified.
-    """
+    """{"file", "format", "integrity", "problems"}: the integrity as the module says, and what failed or why the
+    file cannot be verified."""
     result: dict[str, Any] = {"file": str(path), "format": None}
     try:
         obj = load_checkpoint(path)
