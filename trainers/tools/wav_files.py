@@ -53,17 +53,13 @@ def to_pcm16(waveform: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(samples * PCM16_MAX), -PCM16_MAX, PCM16_MAX).astype("<i2")
 
 
-def wav_bytes(waveform: np.ndarray, sample_rate: int) -> bytes:
-    """A mono 16-bit PCM WAV file of `waveform` (floats in [-1, 1])."""
+def write_wav(path: Path, waveform: np.ndarray, sample_rate: int) -> None:
+    """A mono 16-bit PCM WAV file of `waveform` (floats in [-1, 1]), written atomically: a kill leaves the previous
+    file (or none) or the complete new one."""
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
         out.setframerate(int(sample_rate))
         out.writeframes(to_pcm16(waveform).tobytes())
-    return buffer.getvalue()
-
-
-def write_wav(path: Path, waveform: np.ndarray, sample_rate: int) -> None:
-    """Write the WAV file atomically: a kill leaves the previous file (or none) or the complete new one."""
-    write_bytes_atomically(Path(path), wav_bytes(waveform, sample_rate))
+    write_bytes_atomically(Path(path), buffer.getvalue())
