@@ -141,8 +141,7 @@ def mixed_precision(amp_dtype: str, requested: str | None) -> str:
 
 
 def count_layers(state: dict[str, torch.Tensor]) -> int | None:
-    layers = {int(m.group(1)) for k in state if (m := LAYER_KEY.match(k))}
-    return len(layers) if layers else None
+    return len({int(m.group(1)) for k in state if (m := LAYER_KEY.match(k))}) or None
 
 
 def last_validation(metrics: list[Any]) -> dict[str, Any] | None:

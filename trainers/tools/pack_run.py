@@ -120,15 +120,14 @@ def pack(run_dir: Path, remaps: tuple[tuple[str, str], ...] = ()) -> list[str]:
     names: set[str] = set()
     for key, f in found.items():
         assert f.path is not None
-        flag = f.flag
         rel = relative_inside(f.path, run_dir)
         if rel is None:
             name = Path(f.path).name if Path(f.path).name not in names else f"{key}-{Path(f.path).name}"
             rel = f"{PACKED_DIR}/{name}"
             copied = copy_into(Path(f.path), run_dir / rel)
-            lines.append(f"{'copied' if copied else 'up to date'}: {flag} {f.path} -> {rel}")
+            lines.append(f"{'copied' if copied else 'up to date'}: {f.flag} {f.path} -> {rel}")
         else:
-            lines.append(f"already inside the run directory: {flag} {rel}")
+            lines.append(f"already inside the run directory: {f.flag} {rel}")
         names.add(Path(rel).name)
         entries[key] = {"path": rel, "was": f.saved, "sha256": file_sha256(run_dir / rel)}
     if not needs_base and settings.base_checkpoint:
