@@ -192,11 +192,9 @@ class ModelProto:
 
     def with_trainer_vocab_size(self, vocab_size: int) -> ModelProto:
         """A copy whose TrainerSpec.vocab_size says ``vocab_size``; left absent if it was absent."""
-        others = []
-        for f in self.other_fields:
-            if f.number == TRAINER_SPEC_FIELD and f.wire_type == LENGTH_DELIMITED:
-                f = _replace_varint(f, TRAINER_VOCAB_SIZE, vocab_size)
-            others.append(f)
+        others = [_replace_varint(f, TRAINER_VOCAB_SIZE, vocab_size)
+                  if f.number == TRAINER_SPEC_FIELD and f.wire_type == LENGTH_DELIMITED else f
+                  for f in self.other_fields]
         return ModelProto(list(self.pieces), others)
 
 
