@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -118,8 +118,6 @@ def plan_all(cfg: Config) -> tuple[Tokenizer | TiktokenLines, Limits, list[Plan]
 def model_of(tok: Tokenizer | TiktokenLines, limits: Limits, cfg: Config) -> Limits:
     """The limits of the tokenizer's model (IndexTTS-2.5: a 3-position prefix); a --config of the other model, or
     of another vocabulary size than a 2.5 tokenizer, is refused; --language is for 2.5 alone."""
-    from dataclasses import replace
-
     from trainers.families.indextts25.model import PREFIX_LEN
 
     is25 = tok.family == "indextts25"
