@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Callable, Sequence
+from typing import Callable
 
 from trainers.console_streams import quiet_broken_pipes
 from trainers.errors import EXIT_USAGE, UserError
 
-Main = Callable[[Sequence[str] | None], int]
+Main = Callable[[list[str] | None], int]
 
 
 def tool_main(main: Main) -> Main:
@@ -18,7 +18,7 @@ def tool_main(main: Main) -> Main:
 
     @functools.wraps(main)
     @quiet_broken_pipes()
-    def run(argv: Sequence[str] | None = None) -> int:
+    def run(argv: list[str] | None = None) -> int:
         try:
             return main(argv)
         except UserError as exc:
