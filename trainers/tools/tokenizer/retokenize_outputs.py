@@ -125,8 +125,7 @@ def write_atomic(path: Path, data: bytes, *, sync: bool = False) -> bool:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
     return True
 
 
