@@ -126,7 +126,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     if origin and origin.branch_id:  # this directory's branch, stopped before its first save, goes on
         run_id = origin.branch_id
     else:
-        run_id = new_run_id() if branch_of or not (saved and saved.run_id) else saved.run_id
+        run_id = uuid.uuid4().hex[:16] if branch_of or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
                       inputs, saved, branch_of, branch)
 
@@ -267,14 +267,10 @@ def _scaled_learning_rate(cmd: CommandLine, values: dict[str, Any], saved: Saved
     return {**values, "learning_rate": lr}
 
 
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:16]
-
-
-def planned_steps(cfg: TrainConfig, num_samples: int, per_step: int | None = None) -> int:
-    """Steps of --epochs over the data (`per_step` of its samples a step: the effective batch unless replay
-    mixing takes part of it), or --max-steps if that comes first."""
-    by_epochs = cfg.epochs * math.ceil(num_samples / (per_step or cfg.effective_batch))
+def planned_steps(cfg: TrainConfig, num_samples: int, per_step: int) -> int:
+    """Steps of --epochs over the data (`per_step` of its samples a step: fewer than the effective batch where
+    replay mixing takes part of it), or --max-steps if that comes first."""
+    by_epochs = cfg.epochs * math.ceil(num_samples / per_step)
     return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
@@ -290,13 +286,10 @@ def check_horizon(cfg: TrainConfig, num_samples: int, warn: bool = True, warmup_
         log.info("learning rate: the demo's %d warmup steps outlast the %d-step horizon: it stays below %g",
                  cfg.warmup_steps, cfg.lr_decay_steps, cfg.learning_rate)
         return
+    steps = "step" if cfg.lr_decay_steps == 1 else "steps"
     log.warning("--warmup-steps %d%s is not shorter than the learning-rate horizon of %d %s:", cfg.warmup_steps,
-                "" if warmup_given else " (the default)", cfg.lr_decay_steps, _steps(cfg.lr_decay_steps))
+                "" if warmup_given else " (the default)", cfg.lr_decay_steps, steps)
     log.warning("the learning rate never reaches --learning-rate %g; pass a smaller --warmup-steps", cfg.learning_rate)
-
-
-def _steps(count: int) -> str:
-    return "step" if count == 1 else "steps"
 
 
 def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, machine: str,
@@ -304,13 +297,11 @@ def merge_settings(cmd: CommandLine, saved: SavedRun | None, run_dir: Path, mach
     values: dict[str, Any] = {}
     demo = cmd.given.get("demo", bool(saved and saved.settings.get("demo")))
     if demo:
-        values.update(DEMO_DEFAULTS)
-        values["config"] = str(REPO_ROOT / DEMO_DEFAULTS["config"])
         root = run_dir / DEMO_DATA_DIR
-        values.update(train_manifests=[str(root / TRAIN_MANIFEST_NAME)], val_manifests=[str(root / VAL_MANIFEST_NAME)],
-                      tokenizer=str(root / TOKENIZER_NAME), base_checkpoint=str(root / BASE_NAME))
-    else:
-        values["config"] = str(REPO_ROOT / TrainConfig.config)
+        values.update(DEMO_DEFAULTS, train_manifests=[str(root / TRAIN_MANIFEST_NAME)],
+                      val_manifests=[str(root / VAL_MANIFEST_NAME)], tokenizer=str(root / TOKENIZER_NAME),
+                      base_checkpoint=str(root / BASE_NAME))
+    values["config"] = str(REPO_ROOT / (DEMO_DEFAULTS["config"] if demo else TrainConfig.config))
     if saved:
         values.update({k: v for k, v in saved.settings.items() if k not in HARDWARE_KEYS})
         values.update(_saved_hardware_settings(saved, machine, cmd.given))
@@ -342,10 +333,10 @@ def _lora_values(given: dict[str, Any], values: dict[str, Any], from_checkpoint:
 def _saved_hardware_settings(saved: SavedRun, machine: str, given: dict[str, Any]) -> dict[str, Any]:
     """How the saved run split its steps, loaded its data and chose its device: reused only on the
     same kind of machine, and never over a flag typed now."""
-    chosen = {k: v for k, v in saved.settings.items() if k in HARDWARE_KEYS and v != getattr(TrainConfig, k)}
-    if {"batch_size", "grad_accumulation"} & given.keys():  # a new split replaces the whole saved one
-        chosen = {k: v for k, v in chosen.items() if k not in ("batch_size", "grad_accumulation")}
-    chosen = {k: v for k, v in chosen.items() if k not in given}
+    split = {"batch_size", "grad_accumulation"}  # a new split replaces the whole saved one
+    typed = given.keys() | (split if split & given.keys() else set())
+    chosen = {k: v for k, v in saved.settings.items()
+              if k in HARDWARE_KEYS and v != getattr(TrainConfig, k) and k not in typed}
     if not chosen:
         return {}
     flags = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in sorted(chosen.items()))
