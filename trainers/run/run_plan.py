@@ -49,10 +49,6 @@ def checkpoint_key(ckpt: schema.Checkpoint) -> dict[str, Any]:
     return {"step": ckpt.step, "run_id": ckpt.run_id, "fields": integrity.fields_digest(ckpt.sections)}
 
 
-def plan_record(continues: dict[str, Any], schedule: LRSchedule) -> dict[str, Any]:
-    return {"continues": continues, "lr_schedule": schedule.state_dict()}
-
-
 def branch_record(file: Path, continues: dict[str, Any], history: str) -> dict[str, Any]:
     """What names the checkpoint a branch started from: its absolute path and key, and the branch's history line."""
     return {"file": str(file.resolve()), "continues": continues, "history": history}

@@ -12,7 +12,6 @@ resumes exactly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import replace
 
 from trainers.config.flags import CommandLine
@@ -22,12 +21,6 @@ from trainers.training.lr_schedule import Continuation, LRSchedule, Rewarm
 from trainers.training.optimization import configured_schedule
 
 log = logging.getLogger("train")
-
-
-def log_lines(form: str, lines: Sequence[str]) -> None:
-    """A schedule's description (LRSchedule.describe), a log line each."""
-    for line in lines:
-        log.info(form, line)
 
 
 def plan_schedule(cfg: RunConfig, saved: LRSchedule | None, step: int, end: int, cmd: CommandLine) -> LRSchedule:
@@ -64,7 +57,8 @@ def _choices(cfg: RunConfig, schedule: LRSchedule, step: int, end: int) -> str:
     """The continuations offered for an extension past the schedule's end, each with what it does to the rate."""
     last = schedule.lr_at(max(0, step - 1))
     peak, rise = schedule.base.base_lr, default_rewarm_steps(schedule, step, end)
-    jump = _jump(schedule.lr_at(step), _stretched(cfg, end).lr_at(step))
+    stretched = configured_schedule(replace(cfg.settings, lr_decay_steps=end))
+    jump = _jump(schedule.lr_at(step), stretched.lr_at(step))
     return (f"  --rewarm: the rate rises from its current {last:.4g} back to the peak {peak:.4g} over {rise} steps,\n"
             f"    then a cosine takes it down to {schedule.floor:.4g} at step {end} (the usual way to train a finished run\n"
             f"    further; --rewarm-lr and --rewarm-steps change the peak and the rise)\n"
@@ -128,7 +122,3 @@ def _jump(before: float, after: float) -> str:
     if f"{before:.4g}" == f"{after:.4g}":
         return f"no jump: the next step's rate stays {before:.4g}"
     return f"the next step's rate jumps from {before:.4g} to {after:.4g}"
-
-
-def _stretched(cfg: RunConfig, end: int) -> LRSchedule:
-    return configured_schedule(replace(cfg.settings, lr_decay_steps=end))

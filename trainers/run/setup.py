@@ -36,9 +36,8 @@ from trainers.run.lock import RunLock
 from trainers.run.inputs import DEMO_DATA_DIR
 from trainers.run.resolve import Resolution, RunConfig, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
-from trainers.run.run_plan import plan_record
 from trainers.run.sample_sets import refuse_unusable_folder
-from trainers.run.schedule import log_lines, plan_schedule
+from trainers.run.schedule import plan_schedule
 from trainers.run.run_dir import (
     locate_run, read_saved_run, refuse_another_runs_checkpoint, run_dir_of, warn_new_run, write_start_files,
 )
@@ -213,7 +212,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
 
     if world.is_main:
         # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
-        plan = plan_record(resume.plan_key, schedule) if resume and resume.plan_key else None
+        continued = resume.plan_key if resume else None
+        plan = {"continues": continued, "lr_schedule": schedule.state_dict()} if continued else None
         write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
                           cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan, cfg.family,
                           resolution.branch)
@@ -289,6 +289,7 @@ def log_summary(run: Run) -> None:
     schedule = run.optim.schedule
     log.info("run directory %s", run.cfg.run_dir)
     log.info("training to step %d", run.total_steps)
-    log_lines("learning rate: %s", schedule.describe(run.progress.step))  # a resume's part in force, not the history
+    for line in schedule.describe(run.progress.step):  # a resume's part in force, not the history
+        log.info("learning rate: %s", line)
     if run.total_steps > schedule.end_step:
         log.info("learning rate: the floor %.4g from step %d on", schedule.floor, schedule.end_step)
