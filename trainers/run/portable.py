@@ -147,11 +147,10 @@ class Places:
         default = DEMO_DEFAULTS["config"] if self.demo else TrainConfig.config
         if key == "config" and Path(saved).as_posix().endswith("/" + default):
             found.append((str(REPO_ROOT / default), f"the default --config {default} of this checkout"))
-        unique: list[tuple[str, str]] = []
+        unique: dict[str, str] = {}
         for path, why in found:
-            if path not in [p for p, _ in unique]:
-                unique.append((path, why))
-        return unique
+            unique.setdefault(path, why)  # the first reason a path is tried for
+        return list(unique.items())
 
     def will_be_generated(self, path: str) -> bool:
         """--demo writes its corpus into RUN_DIR/demo_data when it is missing (trainers/run/inputs.py)."""
@@ -265,14 +264,11 @@ def locate_inputs(remaps: Sequence[tuple[str, str]], given: dict[str, Any], sett
     found: list[Found] = []
     values: dict[str, Any] = {}
     for key, _, _, is_list in PATH_INPUTS:
-        if key in given:
-            continue
         value = getattr(settings, key)
-        if value is None:
+        if key in given or value is None:
             continue
-        specs = list(value) if is_list else [value]
         new_specs = []
-        for spec in specs:
+        for spec in value if is_list else [value]:
             one = manifest_flag(spec) if is_list else ManifestFlag(spec, spec)  # a manifest's language follows it
             path = one.path
             f = find(places, key, path)
@@ -306,14 +302,9 @@ def moved_dirs(saved: SavedRun, run_dir: Path) -> tuple[tuple[str, str], ...]:
     old = saved.settings.get("output_dir")
     if not old:
         return ()
-    now = [str(run_dir)]
-    if saved.path is not None:
-        now.append(str(Path(saved.path).parent))
-    pairs = []
-    for new in now:
-        if os.path.abspath(new) != os.path.abspath(old) and (os.path.abspath(old), os.path.abspath(new)) not in pairs:
-            pairs.append((os.path.abspath(old), os.path.abspath(new)))
-    return tuple(pairs)
+    now = [run_dir, *([saved.path.parent] if saved.path is not None else [])]
+    news = dict.fromkeys(os.path.abspath(new) for new in now)  # each once, in this order
+    return tuple((os.path.abspath(old), new) for new in news if new != os.path.abspath(old))
 
 
 def saved_fingerprints(saved: SavedRun, run_dir: Path) -> dict[str, str]:
