@@ -267,9 +267,8 @@ def _find_branched(origin: Path, key: dict[str, Any]) -> tuple[tuple[Path, schem
     the same step beside it, verified. None and what is wrong with `origin` where neither holds it."""
     problem = "is gone"
     step = key.get("step")
-    candidates = [origin]
-    if isinstance(step, int) and origin.name != CheckpointManager(origin.parent, keep=0).step_path(step).name:
-        candidates.append(CheckpointManager(origin.parent, keep=0).step_path(step))
+    beside = CheckpointManager(origin.parent, keep=0).step_path(step) if isinstance(step, int) else origin
+    candidates = [origin, *([beside] if beside.name != origin.name else [])]
     for i, path in enumerate(candidates):
         if not path.is_file():
             continue
@@ -365,17 +364,6 @@ def run_identity(run_dir: Path) -> str | None:
     return _run_config_identity(run_dir)
 
 
-def write_run_config(run_dir: Path, run_section: dict[str, Any], machine: str,
-                     plan: dict[str, Any] | None = None, branch: dict[str, Any] | None = None) -> None:
-    """The resolved settings as JSON, for a resume before the first checkpoint and for people, with the plan of a
-    continued checkpoint and a branch's record of it (trainers/run/run_plan.py), and a sha256 of it all; durable
-    before the first step."""
-    data = {**run_section, "machine": machine, **({run_plan.PLAN_KEY: plan} if plan else {}),
-            **({run_plan.BRANCH_KEY: branch} if branch else {})}
-    write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(run_plan.sealed(data), indent=2, sort_keys=True) + "\n")
-    fsync_dir(run_dir)
-
-
 def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
                            tokenizer: str, demo: bool, family: Any) -> None:
     """config.yaml for inference: the user's config with the vocabulary of this run. `family` (a ModelFamily)
@@ -424,11 +412,16 @@ def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, 
                       text_tokens: int, extended: bool, tokenizer: str, demo: bool = False,
                       plan: dict[str, Any] | None = None, family: Any = None,
                       branch: dict[str, Any] | None = None) -> None:
-    """run_config.json (with the `plan` of a continued checkpoint and a `branch`'s record of it) and the inference
-    config.yaml; a full disk or read-only directory stops here, cleanly."""
+    """run_config.json: the resolved settings, for a resume before the first checkpoint and for people,
+    with the `plan` of a continued checkpoint and a `branch`'s record of it (trainers/run/run_plan.py)
+    and a sha256 of it all, durable before the first step; and the inference config.yaml. A full disk
+    or read-only directory stops here, cleanly."""
+    data = run_plan.sealed({**run_section, "machine": machine, **({run_plan.PLAN_KEY: plan} if plan else {}),
+                            **({run_plan.BRANCH_KEY: branch} if branch else {})})
     try:
         prepare_run_dir(run_dir)
-        write_run_config(run_dir, run_section, machine, plan, branch)
+        write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
+        fsync_dir(run_dir)
         write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo, family)
     except OSError as exc:
         raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "
