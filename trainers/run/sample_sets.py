@@ -52,10 +52,6 @@ class SampleSet:
     metrics: dict[str, float] = field(default_factory=dict)  # gen/* of trainers.training.generation_metrics
 
 
-def set_name(step: int) -> str:
-    return f"step_{step:08d}.npz"
-
-
 def encode(sample_set: SampleSet) -> bytes:
     """The set as .npz bytes: the codes end to end with their offsets, the rest as arrays and JSON."""
     s = sample_set
@@ -149,7 +145,7 @@ class SampleStore:
         self.folder = Path(self.run_dir) / SAMPLES_DIR
 
     def path_of(self, step: int) -> Path:
-        return self.folder / set_name(step)
+        return self.folder / f"step_{step:08d}.npz"
 
     def write(self, sample_set: SampleSet, protect: Iterable[int] = (),
               on_written: Callable[[], None] | None = None) -> Path:
@@ -160,21 +156,16 @@ class SampleStore:
         self.prune(sample_set.step, protect)
         return path
 
-    def prune(self, step: int, protect: Iterable[int] = ()) -> list[Path]:
+    def prune(self, step: int, protect: Iterable[int] = ()) -> None:
         """Remove the sets up to `step` but the newest `keep` and those of `protect`."""
         up_to = [s for s in list_sets(self.run_dir) if s <= step]
         kept = set(up_to[-self.keep:]) | set(protect) | {step}
-        removed = []
-        for s in up_to:
-            if s not in kept:
-                path = self.folder / set_name(s)
-                try:
-                    path.unlink(missing_ok=True)
-                    removed.append(path)
-                except OSError as exc:
-                    log.warning("could not remove the old sample set %s (%s); delete it by hand to free the space",
-                                path, exc)
-        return removed
+        for path in [self.path_of(s) for s in up_to if s not in kept]:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove the old sample set %s (%s); delete it by hand to free the "
+                            "space", path, exc)
 
     def clean_temporaries(self) -> list[Path]:
         """Remove the temporaries of writes a kill interrupted; call with the run locked, before writing."""
