@@ -113,15 +113,6 @@ class ValidationGeneration(ValidationListener):
         """Samples at validations of steps divisible by the interval (step 0 included) and at the end."""
         return final or step % self.interval == 0
 
-    def limit(self, ref_length: int) -> int:
-        return min(self.highest, LIMIT_FACTOR * ref_length + LIMIT_SLACK)
-
-    def generators(self, positions: list[int], device: torch.device) -> list[torch.Generator] | None:
-        """The samples' own generators (sampled generation), fresh at every validation; None when greedy."""
-        if self.sampling is None:
-            return None
-        return [torch.Generator(device).manual_seed(sample_seed(self.seed, p)) for p in positions]
-
     def generate(self, step: int, before_batch: Callable[[int], None],
                  after_batch: Callable[[int], None]) -> tuple[list[torch.Tensor], list[bool]]:
         """Each chosen sample's codes (cut at its limit) and whether it stopped within it, in chosen order.
@@ -140,7 +131,7 @@ class ValidationGeneration(ValidationListener):
             try:
                 for chunk, batch in zip(chunks, self.loader.batches([StepPlan(0, 0, rows)])):
                     before_batch(len(chunk))
-                    self._generate_batch(self.model, batch.to(device), chunk, table, device)
+                    self._generate_batch(batch.to(device), chunk, table, device)
                     left = left[len(chunk):]
                     after_batch(done_batches)
                     done_batches += 1
@@ -158,12 +149,14 @@ class ValidationGeneration(ValidationListener):
         table = self.world.combine_parts(table, "generation at validation")
         return [row[2: 2 + int(row[0])].clone() for row in table], [bool(row[1]) for row in table]
 
-    def _generate_batch(self, model: Any, b: Any, chunk: list[int], table: torch.Tensor, device: torch.device) -> None:
+    def _generate_batch(self, b: Any, chunk: list[int], table: torch.Tensor, device: torch.device) -> None:
         """Generate the samples at positions `chunk` (their batch `b`) into their rows of `table`:
-        [length, stopped, codes...]."""
-        limits = [self.limit(self.ref_lengths[p]) for p in chunk]
-        out = generate_codes(model, b.text_ids, b.text_lens, max(limits), sampling=self.sampling,
-                             generator=self.generators(chunk, device), **b.conditioning)
+        [length, stopped, codes...]. Sampled, each draws from its own generator, fresh at every validation."""
+        limits = [min(self.highest, LIMIT_FACTOR * self.ref_lengths[p] + LIMIT_SLACK) for p in chunk]
+        generators = None if self.sampling is None else [
+            torch.Generator(device).manual_seed(sample_seed(self.seed, p)) for p in chunk]
+        out = generate_codes(self.model, b.text_ids, b.text_lens, max(limits), sampling=self.sampling,
+                             generator=generators, **b.conditioning)
         for p, c, s, lim in zip(chunk, out.codes, out.stopped, limits):
             c = c[:lim]
             table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])  # the stop is the lim-th token at most
