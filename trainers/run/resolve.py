@@ -390,7 +390,15 @@ def check_values(cfg: TrainConfig) -> None:
         problems.append(f"--lora-targets must name projections from {', '.join(LORA_TARGET_PATHS)}, got "
                         f"{','.join(cfg.lora_targets)!r}")
     problems += metric_source_problems("--best-metric", cfg.best_metric, cfg)
-    problems += forgetting_problems(cfg)
+    # The forgetting guard's settings on their own (whether its languages are validated: with the data).
+    if cfg.forgetting_limit:
+        problems += metric_source_problems("--forgetting-metric", str(cfg.forgetting_metric), cfg)
+    if cfg.forgetting_stop and not cfg.forgetting_limit:
+        problems.append("--forgetting-stop ends the run at a validation past --forgetting-limit, which is 0 "
+                        "(off): pass --forgetting-limit X (e.g. 0.1 for a 10% rise), or --no-forgetting-stop")
+    if any(not lang for lang in cfg.base_languages):
+        problems.append("--base-language: an empty language; name a language of the validation "
+                        "(--val-manifest V::LANG)")
     if not cfg.sample_temperature and (cfg.sample_top_k or cfg.sample_top_p != 1.0):
         problems.append(f"--sample-top-k {cfg.sample_top_k} / --sample-top-p {cfg.sample_top_p} filter sampled codes, "
                         "and generation is greedy: pass --sample-temperature T (> 0, e.g. 0.8) too, or --sample-top-k 0 "
@@ -403,19 +411,6 @@ def check_values(cfg: TrainConfig) -> None:
             raise UserError("no training data: pass --train-manifest FILE (or --demo for the built-in corpus)")
         if not cfg.tokenizer:
             raise UserError("no tokenizer: pass --tokenizer bpe.model (the SentencePiece model your text ids came from)")
-
-
-def forgetting_problems(cfg: TrainConfig) -> list[str]:
-    """The guard's settings on their own (whether its languages are validated is checked with the manifests)."""
-    problems = []
-    if cfg.forgetting_limit:
-        problems += metric_source_problems("--forgetting-metric", str(cfg.forgetting_metric), cfg)
-    if cfg.forgetting_stop and not cfg.forgetting_limit:
-        problems.append("--forgetting-stop ends the run at a validation past --forgetting-limit, which is 0 (off): pass "
-                        "--forgetting-limit X (e.g. 0.1 for a 10% rise), or --no-forgetting-stop")
-    if any(not lang for lang in cfg.base_languages):
-        problems.append("--base-language: an empty language; name a language of the validation (--val-manifest V::LANG)")
-    return problems
 
 
 def metric_source_problems(flag: str, metric: str, cfg: TrainConfig) -> list[str]:

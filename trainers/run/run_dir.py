@@ -295,8 +295,15 @@ def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
     """
     assert saved.path is not None
     if saved.path.resolve().parent == run_dir.resolve():
-        _refuse_copied_in(run_dir, saved)
-        return
+        owner, source = _directory_owner(run_dir, saved.path)
+        if not saved.run_id or owner is None or owner == saved.run_id:
+            return
+        raise UserError(f"{saved.path} is a checkpoint of run {saved.run_id}, but {run_dir} holds run "
+                        f"{owner} (named by {source}): was it copied in from another run? Continuing it here "
+                        f"would carry on that run's weights under this run's name. Move {saved.path.name} "
+                        f"out of {run_dir} and resume again (the newest checkpoint of run {owner} is then "
+                        f"used), or continue run {saved.run_id} in a directory of its own with --resume PATH "
+                        "--output-dir NEW_DIR (nothing was changed)")
     existing = run_identity(run_dir)
     if existing is None or (existing and existing in (saved.run_id, saved.branch_id)):
         return  # no run yet, the same run, or its branch of this checkpoint stopped before its first save
@@ -305,18 +312,6 @@ def refuse_another_runs_checkpoint(run_dir: Path, saved: SavedRun) -> None:
     raise UserError(f"{run_dir} already holds another run ({theirs}) than {saved.path} ({ours}); resuming it there "
                     "would mix the two runs' checkpoints. Pass a new --output-dir to continue it as its own branch, or "
                     "--resume auto to continue the run that is there (nothing was changed)")
-
-
-def _refuse_copied_in(run_dir: Path, saved: SavedRun) -> None:
-    assert saved.path is not None
-    owner, source = _directory_owner(run_dir, saved.path)
-    if not saved.run_id or owner is None or owner == saved.run_id:
-        return
-    raise UserError(f"{saved.path} is a checkpoint of run {saved.run_id}, but {run_dir} holds run {owner} (named by "
-                    f"{source}): was it copied in from another run? Continuing it here would carry on that run's "
-                    f"weights under this run's name. Move {saved.path.name} out of {run_dir} and resume again (the "
-                    f"newest checkpoint of run {owner} is then used), or continue run {saved.run_id} in a directory of "
-                    "its own with --resume PATH --output-dir NEW_DIR (nothing was changed)")
 
 
 def _directory_owner(run_dir: Path, chosen: Path) -> tuple[str | None, str]:

@@ -249,13 +249,12 @@ def log_summary(run: Run) -> None:
              run.cfg.gpt.layers, run.cfg.gpt.model_dim, run.cfg.gpt.number_text_tokens, count_text(n_train),
              len(run.weights.carried))
     if isinstance(run.optim.frozen, HeldRows):
-        scale = f"; their learning rate x{cfg.new_rows_lr_scale:g}" if cfg.new_rows_lr_scale != 1.0 else ""
         parts, langs = run.optim.frozen.parts(), ",".join(cfg.new_languages)
         for first in range(0, len(parts), 2):  # two tables a line
             log.info("--new-language %s: rows %s", langs, ", ".join(parts[first:first + 2]))
         log.info("--new-language %s: these rows train, every other row of their tables is held bit-identical", langs)
-        if scale:
-            log.info("--new-language %s%s", langs, scale)
+        if cfg.new_rows_lr_scale != 1.0:
+            log.info("--new-language %s; their learning rate x%g", langs, cfg.new_rows_lr_scale)
     elif run.optim.frozen:
         log.info("vocabulary: %d text tokens, base %d", vocab.text_tokens, vocab.base_text_tokens)
         log.info("vocabulary: the %d base rows of text_embedding and text_head are frozen", run.optim.frozen.rows)
