@@ -72,8 +72,7 @@ class Resolution:
     cfg: RunConfig
     inputs: RunInputs
     resume: SavedRun | None  # the run whose training state continues (None: step 0)
-    branch_of: str | None = None  # a checkpoint of another directory continued here: which run, from where
-    branch: dict[str, Any] | None = None  # run_config.json's record of that checkpoint (trainers/run/run_plan.py)
+    branch: dict[str, Any] | None = None  # another directory's checkpoint continued: run_plan.branch_record
 
 
 def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine: str,
@@ -122,13 +121,12 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab, inputs.train_samples.language_counts())
     check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch = _branch_record(origin, lora_branch or _branch_of(saved, run_dir))
-    branch_of = branch["history"] if branch else None
     if origin and origin.branch_id:  # this directory's branch, stopped before its first save, goes on
         run_id = origin.branch_id
     else:
-        run_id = uuid.uuid4().hex[:16] if branch_of or not (saved and saved.run_id) else saved.run_id
+        run_id = uuid.uuid4().hex[:16] if branch or not (saved and saved.run_id) else saved.run_id
     return Resolution(RunConfig(train, inputs.gpt, run_dir, run_id, vocab, inputs.fingerprints, model_yaml, family),
-                      inputs, saved, branch_of, branch)
+                      inputs, saved, branch)
 
 
 def _branch_record(origin: SavedRun | None, history: str | None) -> dict[str, Any] | None:

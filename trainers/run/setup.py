@@ -208,7 +208,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     else:  # the global generators' states are the run's, as a resume's restored ones are (trainers/training/rng.py)
         rng.seed(cfg.settings.seed)
     progress.record_start(resume.path if ckpt else None, machine.cache_key(),
-                          [*([resolution.branch_of] if resolution.branch_of else []), *changes])
+                          [*([resolution.branch["history"]] if resolution.branch else []), *changes])
 
     if world.is_main:
         # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
