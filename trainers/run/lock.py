@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -80,7 +81,8 @@ class RunLock:
             os.close(self._dir_fd)  # this filesystem cannot flock a directory: the lock file alone guards it
             self._dir_fd = None
             return
-        _close_in_forked_children(self)
+        # The hook stays registered for the process's life; the lock need not (a weak reference).
+        os.register_at_fork(after_in_child=functools.partial(_close_in_child, weakref.ref(self)))
 
     def _lock_file(self) -> None:
         self._made_file = not self.path.exists()
@@ -111,11 +113,10 @@ class RunLock:
                          "SIGTERM) and then resume with --resume auto (nothing was changed)")
 
     def release(self) -> None:
-        for name in ("_fd", "_dir_fd"):
-            fd = getattr(self, name)
+        for fd in (self._fd, self._dir_fd):
             if fd is not None:
                 os.close(fd)  # closing the file drops its lock
-                setattr(self, name, None)
+        self._fd = self._dir_fd = None
 
     def abandon(self) -> None:
         """Release after a start that stopped before writing anything of the run: a lock file it made goes, with
@@ -144,25 +145,16 @@ class RunLock:
                 except OSError:
                     break
 
-    def forget_in_child(self) -> None:
-        """In a forked child: close the child's copy of the directory lock (the parent keeps holding it)."""
-        if self._dir_fd is not None:
-            try:
-                os.close(self._dir_fd)
-            except OSError:
-                pass
-            self._dir_fd = None
 
-
-def _close_in_forked_children(lock: RunLock) -> None:
-    ref = weakref.ref(lock)  # the hook stays registered for the process's life; the lock need not
-
-    def after_fork_in_child() -> None:
-        held = ref()
-        if held is not None:
-            held.forget_in_child()
-
-    os.register_at_fork(after_in_child=after_fork_in_child)
+def _close_in_child(ref: weakref.ref[RunLock]) -> None:
+    """In a forked child: close the child's copy of the directory lock (the parent keeps holding it)."""
+    lock = ref()
+    if lock is not None and lock._dir_fd is not None:
+        try:
+            os.close(lock._dir_fd)
+        except OSError:
+            pass
+        lock._dir_fd = None
 
 
 def _listing(folder: Path) -> set[str] | None:
