@@ -232,13 +232,12 @@ class Located:
         for key, flag, fingerprint, _ in PATH_INPUTS:
             moved = [f for f in self.found if f.key == key and f.moved]
             saved_fp = self.saved_fingerprints.get(fingerprint or "")
-            if not moved or not saved_fp or fingerprints_now.get(fingerprint or "") == saved_fp:
+            # None: not taken for these settings (a LoRA base, --lora-rank 0); the resume's comparison names it.
+            if not moved or not saved_fp or fingerprints_now.get(fingerprint or "") in (None, saved_fp):
                 continue
-            if fingerprint not in fingerprints_now:  # not taken for this run's settings (a LoRA base with
-                continue  # --lora-rank 0): a setting difference, which the resume's comparison names
             where = ", ".join(f"{f.path} (saved as {f.saved}; {f.why})" for f in moved)
             wrong.append(f"  {flag} {where}: its {fingerprint} fingerprint differs from the one saved with the run "
-                         f"({saved_fp[:12]}..., now {fingerprints_now.get(fingerprint or '', '?')[:12]}...)")
+                         f"({saved_fp[:12]}..., now {fingerprints_now[fingerprint or ''][:12]}...)")
         if not wrong:
             return
         if allow:

@@ -364,8 +364,7 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
     """config.yaml for inference: the user's config with the vocabulary of this run. `family` (a ModelFamily)
     names the keys its inference reads and where the config names the tokenizer."""
     tokenizer_key, title = family.tokenizer_config_key, family.inference_name
-    data = dict(model_yaml)
-    data["gpt"] = {**data["gpt"], "number_text_tokens": text_tokens}
+    data = {**model_yaml, "gpt": {**model_yaml["gpt"], "number_text_tokens": text_tokens}}
     path = run_dir / INFERENCE_CONFIG_NAME
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
     missing = missing_inference_keys(data, family.inference_keys)

@@ -140,8 +140,6 @@ class SampleStore:
     keep: int
 
     def __post_init__(self) -> None:
-        if self.keep < 1:
-            raise ValueError(f"keep must be >= 1, got {self.keep}")
         self.folder = Path(self.run_dir) / SAMPLES_DIR
 
     def path_of(self, step: int) -> Path:
