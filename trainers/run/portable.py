@@ -232,7 +232,7 @@ class Located:
         for key, flag, fingerprint, _ in PATH_INPUTS:
             moved = [f for f in self.found if f.key == key and f.moved]
             saved_fp = self.saved_fingerprints.get(fingerprint or "")
-            # None: not taken for these settings (a LoRA base, --lora-rank 0); the resume's comparison names it.
+            # None: not taken now (a LoRA base with --lora-rank 0), a setting difference the resume names
             if not moved or not saved_fp or fingerprints_now.get(fingerprint or "") in (None, saved_fp):
                 continue
             where = ", ".join(f"{f.path} (saved as {f.saved}; {f.why})" for f in moved)
