@@ -193,11 +193,8 @@ def find(places: Places, key: str, saved: str) -> Found:
 def missing_report(missing: Sequence[Found], what: str) -> str:
     """Every missing input with its saved path, the places looked in and the flags that fix it."""
     common = common_dir([m.saved for m in missing])
-    own = []
-    for m in missing:
-        flag = f"{m.flag} FILE" + (" (each of them)" if m.key.endswith("manifests") else "")
-        if flag not in own:
-            own.append(flag)
+    own = dict.fromkeys(f"{m.flag} FILE" + (" (each of them)" if m.key.endswith("manifests") else "")
+                        for m in missing)  # each flag once, in order
     return "\n".join([
         f"{what}: {len(missing)} input file(s) of the saved run are missing (nothing was changed):",
         *[f"  {m.flag} {m.saved} (looked in: {', '.join(m.looked_in)})" for m in missing],

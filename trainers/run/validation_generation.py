@@ -105,10 +105,6 @@ class ValidationGeneration(ValidationListener):
         v.log.report(v.step, metrics, generation_lines(v.step, metrics, time.perf_counter() - t0), fields=metrics)
         v.means.update(metrics)
 
-    def settled(self, v: Validation) -> None:
-        """The set is written after best.pth, so the set of the best step is kept."""
-        self.write(v.step, (v.best or {}).get("step"))
-
     def due(self, step: int, final: bool) -> bool:
         """Samples at validations of steps divisible by the interval (step 0 included) and at the end."""
         return final or step % self.interval == 0
@@ -162,10 +158,12 @@ class ValidationGeneration(ValidationListener):
             table[p, :2] = torch.tensor([len(c), int(bool(s) and len(c) < lim)])  # the stop is the lim-th token at most
             table[p, 2: 2 + len(c)] = c
 
-    def write(self, step: int, best_step: int | None) -> None:
-        """Rank 0: the set generated at this validation, atomically; the newest KEEP_SETS and the best's are kept."""
+    def settled(self, v: Validation) -> None:
+        """Rank 0: the set generated at this validation, atomically, once best.pth is written: the newest
+        KEEP_SETS and the best step's are kept."""
         if self.store is None or self.pending is None:
             return
+        step, best_step = v.step, (v.best or {}).get("step")
         codes, stopped, metrics = self.pending
         self.pending = None
         settings: dict[str, Any] = {"search": "greedy", "kv_cache": True,
