@@ -90,25 +90,24 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     if is_lora_branch(settings, saved, run_dir):
         assert saved is not None
         settings, lora_branch = start_lora_branch(cmd, settings, saved, run_dir, text_tokens,
-                                                     family.tokenizer)
+                                                  family.tokenizer)
         saved = None
     elif saved and saved.checkpoint and saved.checkpoint.text_tokens != text_tokens:
         settings = _weights_only_start(cmd, settings, saved, text_tokens, family)
         saved = None
+    resumed = saved.checkpoint if saved else None  # whose training state continues (None: step 0)
     # A resumed full checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
     # A LoRA checkpoint holds only what the run trains: its base is read on resume too.
     inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer), family,
-                         read_base=not (saved and saved.checkpoint) or settings.lora_rank > 0)
+                         read_base=resumed is None or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
-    if not (saved and saved.checkpoint):
-        check_fresh_data(settings, inputs, cmd.tokenizer_check)
-    if saved and saved.checkpoint:
-        base_tokens = saved.checkpoint.base_text_tokens
-    elif inputs.base_state is not None:
-        base_tokens = text_tokens_of(inputs.base_state, Path(settings.base_checkpoint))
+    if resumed:
+        base_tokens = resumed.base_text_tokens
     else:
-        base_tokens = text_tokens
+        check_fresh_data(settings, inputs, cmd.tokenizer_check)
+        base_tokens = (text_tokens_of(inputs.base_state, Path(settings.base_checkpoint))
+                       if inputs.base_state is not None else text_tokens)
     vocab = Vocabulary(text_tokens, base_tokens)
     freeze = settings.freeze_base_vocab if settings.freeze_base_vocab is not None else vocab.extended
     n_train = _samples_per_epoch(settings, inputs.epoch_samples, inputs.mixing is not None)
