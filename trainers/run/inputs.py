@@ -128,8 +128,8 @@ def ensure_demo_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], family: Mod
                         "pass an --output-dir on another disk (nothing was trained)") from None
 
 
-def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, tokenizer_sha: str,
-                family: ModelFamily, read_base: bool = True) -> RunInputs:
+def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, family: ModelFamily,
+                read_base: bool = True) -> RunInputs:
     gpt = gpt_config(model_yaml, cfg, text_tokens, family)
     limits = family.data_limits(gpt)
     run_dir = Path(cfg.output_dir)
@@ -152,7 +152,7 @@ def read_inputs(cfg: TrainConfig, model_yaml: dict[str, Any], text_tokens: int, 
     refuse_other_features(family, gpt, [train.table, *([val.table] if val else [])], cfg.config)
     fingerprints = {
         "data": train.fingerprint,
-        "tokenizer": tokenizer_sha,
+        "tokenizer": file_sha256(Path(cfg.tokenizer)),
         "model_config": model_config_fingerprint(gpt),
     }
     validated = cfg.validated_samples(len(val.table)) if val else 0
@@ -197,10 +197,6 @@ def check_fresh_data(cfg: TrainConfig, inputs: RunInputs, tokenizer_check: bool 
 def model_config_fingerprint(gpt: GPTConfig) -> str:
     """The model config as it defines the run: every gpt setting but dropout (a setting of its own)."""
     return dict_sha256({k: v for k, v in gpt.to_dict().items() if k != "dropout"})
-
-
-def tokenizer_sha256(path: str) -> str:
-    return file_sha256(Path(path))
 
 
 def gpt_config(model_yaml: dict[str, Any], cfg: TrainConfig, text_tokens: int, family: ModelFamily) -> GPTConfig:

@@ -34,7 +34,7 @@ from trainers.model.gpt_model import GPTConfig
 from trainers.model.vocabulary import Vocabulary
 from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
-    DEMO_DATA_DIR, RunInputs, check_fresh_data, ensure_demo_inputs, read_inputs, read_model_yaml, tokenizer_sha256,
+    DEMO_DATA_DIR, RunInputs, check_fresh_data, ensure_demo_inputs, read_inputs, read_model_yaml,
 )
 from trainers.run.lora_branch import is_lora_branch, start_lora_branch
 from trainers.run.portable import locate_inputs
@@ -98,7 +98,7 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     resumed = saved.checkpoint if saved else None  # whose training state continues (None: step 0)
     # A resumed full checkpoint carries the base checkpoint's tensors: the base file is read only to start at step 0.
     # A LoRA checkpoint holds only what the run trains: its base is read on resume too.
-    inputs = read_inputs(settings, model_yaml, text_tokens, tokenizer_sha256(settings.tokenizer), family,
+    inputs = read_inputs(settings, model_yaml, text_tokens, family,
                          read_base=resumed is None or settings.lora_rank > 0)
     if saved:
         located.refuse_changed(inputs.fingerprints, cmd.allow_config_change)
