@@ -13,7 +13,7 @@ from trainers.config.settings import TrainConfig
 from trainers.model.lora import LoraSettings, add_adapters, is_adapter_key
 from trainers.model.weights import GPTWeights, load_base_weights
 from trainers.run.inputs import RunInputs
-from trainers.run.resolve import RunConfig
+from trainers.run.run_dir import RunConfig
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
 

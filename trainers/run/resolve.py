@@ -25,12 +25,10 @@ from trainers.config.settings import (
 from trainers.data.mixing import share_problems
 from trainers.data.demo_data import TOKENIZER_NAME, TRAIN_MANIFEST_NAME, VAL_MANIFEST_NAME
 from trainers.errors import UserError
-from trainers.families import FAMILIES, ModelFamily, family_for_config, family_named
+from trainers.families import ModelFamily, family_for_config, family_named
 from trainers.families.checks import refuse_other_tokenizer
-from trainers.hardware.detect import library_versions
 from trainers.log_lines import log_fitting
 from trainers.model.demo_base import BASE_NAME
-from trainers.model.gpt_model import GPTConfig
 from trainers.model.vocabulary import Vocabulary
 from trainers.model.weights import text_tokens_of
 from trainers.run.inputs import (
@@ -39,32 +37,11 @@ from trainers.run.inputs import (
 from trainers.run.lora_branch import is_lora_branch, start_lora_branch
 from trainers.run.portable import locate_inputs
 from trainers.run import run_plan
-from trainers.run.run_dir import SavedRun, newest_checkpoint, run_identity
+from trainers.run.run_dir import RunConfig, SavedRun, newest_checkpoint, run_identity
 
 log = logging.getLogger("train")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything that defines the run; the "run" section of a checkpoint."""
-
-    settings: TrainConfig  # the settings (flags) of the run
-    gpt: GPTConfig
-    run_dir: Path
-    run_id: str
-    vocab: Vocabulary
-    fingerprints: dict[str, str]
-    model_yaml: dict[str, Any]
-    family: ModelFamily = FAMILIES["indextts2"]  # the model family (trainers/families)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = {"run_id": self.run_id, "config": self.settings.to_dict(), "model_config": self.gpt.to_dict(),
-                 "fingerprints": dict(self.fingerprints), "vocab": self.vocab.to_dict(), "versions": library_versions()}
-        if self.family is not next(iter(FAMILIES.values())):  # the first family's runs save what they always did
-            state["model_family"] = self.family.name
-        return state
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
 from trainers.hardware.detect import library_versions
 from trainers.log_lines import log_fitting
-from trainers.run.resolve import RunConfig
+from trainers.run.run_dir import RunConfig
 
 log = logging.getLogger("train")
 

@@ -33,7 +33,11 @@ from trainers.config.flags import CommandLine
 from trainers.config.inference_keys import missing_inference_keys
 from trainers.config.settings import TrainConfig, saved_settings
 from trainers.errors import UserError
+from trainers.families import FAMILIES, ModelFamily, family_for_config
 from trainers.files import file_identity, fsync_dir, write_text_atomically
+from trainers.hardware.detect import library_versions
+from trainers.model.gpt_model import GPTConfig
+from trainers.model.vocabulary import Vocabulary
 from trainers.run import run_plan
 from trainers.torch_files import CheckpointError
 
@@ -61,6 +65,28 @@ class SavedRun:
     branch: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines the run; the "run" section of a checkpoint."""
+
+    settings: TrainConfig  # the settings (flags) of the run
+    gpt: GPTConfig
+    run_dir: Path
+    run_id: str
+    vocab: Vocabulary
+    fingerprints: dict[str, str]
+    model_yaml: dict[str, Any]
+    family: ModelFamily = FAMILIES["indextts2"]  # the model family (trainers/families)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"run_id": self.run_id, "config": self.settings.to_dict(), "model_config": self.gpt.to_dict(),
+                 "fingerprints": dict(self.fingerprints), "vocab": self.vocab.to_dict(),
+                 "versions": library_versions()}
+        if self.family is not next(iter(FAMILIES.values())):  # the first family saves what it always did
+            state["model_family"] = self.family.name
+        return state
+
+
 def run_dir_of(cmd: CommandLine) -> Path:
     """The run directory the command names, from its flags alone (nothing is read from it)."""
     given_dir = cmd.given.get("output_dir")
@@ -84,8 +110,6 @@ def demo_output_dir(config: str | None) -> str:
     so the demos of two families never meet in one directory. A config that cannot be read is reported later."""
     if not config:
         return DEMO_OUTPUT_DIR
-    from trainers.families import family_for_config
-
     try:
         data = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -359,16 +383,16 @@ def run_identity(run_dir: Path) -> str | None:
     return _run_config_identity(run_dir)
 
 
-def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_tokens: int, extended: bool,
-                           tokenizer: str, demo: bool, family: Any) -> None:
-    """config.yaml for inference: the user's config with the vocabulary of this run. `family` (a ModelFamily)
+def write_inference_config(cfg: RunConfig) -> None:
+    """config.yaml for inference: the user's config with the vocabulary of this run. Its model family
     names the keys its inference reads and where the config names the tokenizer."""
-    tokenizer_key, title = family.tokenizer_config_key, family.inference_name
-    data = {**model_yaml, "gpt": {**model_yaml["gpt"], "number_text_tokens": text_tokens}}
-    path = run_dir / INFERENCE_CONFIG_NAME
+    tokenizer_key, title = cfg.family.tokenizer_config_key, cfg.family.inference_name
+    tokenizer = cfg.settings.tokenizer
+    data = {**cfg.model_yaml, "gpt": {**cfg.model_yaml["gpt"], "number_text_tokens": cfg.vocab.text_tokens}}
+    path = cfg.run_dir / INFERENCE_CONFIG_NAME
     write_text_atomically(path, yaml.safe_dump(data, sort_keys=False))
-    missing = missing_inference_keys(data, family.inference_keys)
-    if missing and not demo:  # the demo's tiny model is not for inference
+    missing = missing_inference_keys(data, cfg.family.inference_keys)
+    if missing and not cfg.settings.demo:  # the demo's tiny model is not for inference
         log.info("%s lacks keys %s inference reads (a trimmed --config: enough to train):", path, title)
         for line in textwrap.wrap(", ".join(missing), 88):
             log.info("  %s", line)
@@ -377,7 +401,7 @@ def write_inference_config(run_dir: Path, model_yaml: dict[str, Any], text_token
         return
     section, key = tokenizer_key.split(".")
     named = (data.get(section) or {}).get(key)
-    if extended and named and Path(named).name != Path(tokenizer).name:
+    if cfg.vocab.extended and named and Path(named).name != Path(tokenizer).name:
         log.info("for inference, point %s in %s at the extended tokenizer %s", tokenizer_key, path, tokenizer)
         log.info("(it names %s now)", named)
 
@@ -402,21 +426,21 @@ def prepare_run_dir(run_dir: Path) -> None:
         log.info("  %s", ", ".join(p.name for p in removed))
 
 
-def write_start_files(run_dir: Path, run_section: dict[str, Any], machine: str, model_yaml: dict[str, Any],
-                      text_tokens: int, extended: bool, tokenizer: str, demo: bool = False,
-                      plan: dict[str, Any] | None = None, family: Any = None,
-                      branch: dict[str, Any] | None = None) -> None:
+def write_start_files(cfg: RunConfig, machine: str, plan: dict[str, Any] | None,
+                      branch: dict[str, Any] | None) -> None:
     """run_config.json: the resolved settings, for a resume before the first checkpoint and for people,
     with the `plan` of a continued checkpoint and a `branch`'s record of it (trainers/run/run_plan.py)
     and a sha256 of it all, durable before the first step; and the inference config.yaml. A full disk
     or read-only directory stops here, cleanly."""
-    data = run_plan.sealed({**run_section, "machine": machine, **({run_plan.PLAN_KEY: plan} if plan else {}),
+    data = run_plan.sealed({**cfg.state_dict(), "machine": machine,
+                            **({run_plan.PLAN_KEY: plan} if plan else {}),
                             **({run_plan.BRANCH_KEY: branch} if branch else {})})
+    run_dir = cfg.run_dir
     try:
         prepare_run_dir(run_dir)
         write_text_atomically(run_dir / RUN_CONFIG_NAME, json.dumps(data, indent=2, sort_keys=True) + "\n")
         fsync_dir(run_dir)
-        write_inference_config(run_dir, model_yaml, text_tokens, extended, tokenizer, demo, family)
+        write_inference_config(cfg)
     except OSError as exc:
         raise UserError(f"cannot write in the run directory {run_dir}: {exc}; free disk space or fix its permissions, "
                         "then start again (nothing was trained)") from None

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from trainers.config.flags import CommandLine
 from trainers.errors import UserError
-from trainers.run.resolve import RunConfig
+from trainers.run.run_dir import RunConfig
 from trainers.training.lr_schedule import Continuation, LRSchedule, Rewarm
 from trainers.training.optimization import configured_schedule
 

@@ -34,12 +34,13 @@ from trainers.run.build import build_data, build_optimization, build_weights
 from trainers.run.listeners import run_listeners
 from trainers.run.lock import RunLock
 from trainers.run.inputs import DEMO_DATA_DIR
-from trainers.run.resolve import Resolution, RunConfig, resolve_run
+from trainers.run.resolve import Resolution, resolve_run
 from trainers.run.resume import refuse_breaking_changes, restore
 from trainers.run.sample_sets import refuse_unusable_folder
 from trainers.run.schedule import plan_schedule
 from trainers.run.run_dir import (
-    locate_run, read_saved_run, refuse_another_runs_checkpoint, run_dir_of, warn_new_run, write_start_files,
+    RunConfig, locate_run, read_saved_run, refuse_another_runs_checkpoint, run_dir_of, warn_new_run,
+    write_start_files,
 )
 from trainers.training.lr_schedule import LRSchedule
 from trainers.training.optimization import Optimization
@@ -214,9 +215,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         # The plan accepted for the checkpoint continued (trainers/run/run_plan.py): durable before the first step.
         continued = resume.plan_key if resume else None
         plan = {"continues": continued, "lr_schedule": schedule.state_dict()} if continued else None
-        write_start_files(run_dir, cfg.state_dict(), machine.cache_key(), cfg.model_yaml, cfg.vocab.text_tokens,
-                          cfg.vocab.extended, cfg.settings.tokenizer, cfg.settings.demo, plan, cfg.family,
-                          resolution.branch)
+        write_start_files(cfg, machine.cache_key(), plan, resolution.branch)
         inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
     return Run(cfg, weights, optim, data, *loaders, progress, hardware, checkpoints, total, lock, world)
 
