@@ -14,10 +14,7 @@ when the process dies, so a SIGKILLed trainer never leaves a stale lock behind.
   directory (NFS emulates flock with record locks, which need a writable file) this one alone
   keeps a second trainer out, as before.
 
-The trainer locks before it looks at what the directory holds (new run or resume), so a second
-trainer started while the first is still reading its inputs gets this refusal, not a verdict on a
-directory that is about to change. A start refused on its input afterwards (`abandon`) removes the
-lock file and the directories it created, so it leaves the disk as it found it.
+When the trainer locks and what a refused start leaves behind: trainers/run/setup.py, `abandon`.
 """
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ KEEP_SETS = 5  # the newest sets kept under RUN_DIR/samples, besides the best ch
 
 @dataclass
 class ValidationGeneration(ValidationListener):
-    """The run's generation at validation, a validation listener: the chosen samples, their reference lengths,
-    the store; what it generates with (the model, the validation loader, the hardware plan, the processes)."""
+    """The run's generation at validation, a validation listener."""
 
     interval: int
     chosen: GenerationSamples
