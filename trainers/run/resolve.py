@@ -91,9 +91,11 @@ def resolve_run(cmd: CommandLine, run_dir: Path, saved: SavedRun | None, machine
     if inputs.mixing is None:  # with replay shares the mixing's own checks say what a step can hold
         settings = _batch_within_data(settings, n_train)
     per_step = inputs.epoch_batch or settings.effective_batch  # with replay mixing: the target samples of a step
-    settings = _additional_epochs(cmd, settings, saved, n_train, per_step)
-    train = replace(settings, freeze_base_vocab=freeze,
-                    lr_decay_steps=settings.lr_decay_steps or planned_steps(settings, n_train, per_step))
+    steps_per_epoch = math.ceil(n_train / per_step)
+    settings = _additional_epochs(cmd, settings, saved, steps_per_epoch)
+    by_epochs = settings.epochs * steps_per_epoch  # the learning-rate horizon, unless --max-steps comes first
+    horizon = min(settings.max_steps, by_epochs) if settings.max_steps > 0 else by_epochs
+    train = replace(settings, freeze_base_vocab=freeze, lr_decay_steps=settings.lr_decay_steps or horizon)
     check_new_rows(train, family, inputs.gpt.number_text_tokens, vocab, inputs.train_samples.language_counts())
     check_horizon(train, n_train, warn=saved is None, warmup_given="warmup_steps" in cmd.given)
     branch = _branch_record(origin, lora_branch or _branch_of(saved, run_dir))
@@ -207,8 +209,8 @@ def _batch_within_data(cfg: TrainConfig, n_train: int) -> TrainConfig:
     return replace(cfg, effective_batch=n_train)
 
 
-def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None, n_train: int,
-                       per_step: int) -> TrainConfig:
+def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | None,
+                       per_epoch: int) -> TrainConfig:
     """--additional-epochs N: the run ends N x (steps per epoch) optimizer steps after where it stands."""
     if not cmd.additional_epochs:
         return cfg
@@ -217,7 +219,7 @@ def _additional_epochs(cmd: CommandLine, cfg: TrainConfig, saved: SavedRun | Non
                         "that has a checkpoint; for a new run use --epochs")
     if {"max_steps", "epochs"} & cmd.given.keys():
         raise UserError("--additional-epochs sets where the run ends: pass it without --max-steps and --epochs")
-    end = saved.checkpoint.step + cmd.additional_epochs * math.ceil(n_train / per_step)
+    end = saved.checkpoint.step + cmd.additional_epochs * per_epoch
     log.info("--additional-epochs %d: training to step %d (%d more steps from step %d, epoch %d)",
              cmd.additional_epochs, end, end - saved.checkpoint.step, saved.checkpoint.step, saved.checkpoint.epoch)
     return replace(cfg, max_steps=end, epochs=max(cfg.epochs, saved.checkpoint.epoch + cmd.additional_epochs + 1))
@@ -239,13 +241,6 @@ def _scaled_learning_rate(cmd: CommandLine, values: dict[str, Any], saved: Saved
     log.info("--scale-lr %s: learning rate %.4g -> %.4g (effective batch %d -> %d, x%.4g)", cmd.scale_lr,
              saved.settings["learning_rate"], lr, old_batch, values["effective_batch"], factor)
     return {**values, "learning_rate": lr}
-
-
-def planned_steps(cfg: TrainConfig, num_samples: int, per_step: int) -> int:
-    """Steps of --epochs over the data (`per_step` of its samples a step: fewer than the effective batch where
-    replay mixing takes part of it), or --max-steps if that comes first."""
-    by_epochs = cfg.epochs * math.ceil(num_samples / per_step)
-    return min(cfg.max_steps, by_epochs) if cfg.max_steps > 0 else by_epochs
 
 
 def check_horizon(cfg: TrainConfig, num_samples: int, warn: bool = True, warmup_given: bool = True) -> None:
