@@ -35,13 +35,11 @@ from trainers.run.inputs import (
     DEMO_DATA_DIR, RunInputs, check_fresh_data, ensure_demo_inputs, read_inputs, read_model_yaml,
 )
 from trainers.run.lora_branch import is_lora_branch, start_lora_branch
-from trainers.run.portable import locate_inputs
+from trainers.run.portable import REPO_ROOT, locate_inputs
 from trainers.run import run_plan
 from trainers.run.run_dir import RunConfig, SavedRun, newest_checkpoint, run_identity
 
 log = logging.getLogger("train")
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
