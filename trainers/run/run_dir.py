@@ -258,7 +258,7 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
         raise UserError(f"{path} is unreadable ({exc}); pass the training flags again, or delete it") from None
     run_id, branch = str(data.get("run_id") or ""), run_plan.recorded_branch(data)
     if branch is not None and (data.get(run_plan.PLAN_KEY) or {}).get("continues") == branch["continues"]:
-        return _unsaved_branch(run_dir, data, branch)
+        return _unsaved_branch(run_dir, data, branch, run_id)
     log.info("--resume auto: %s has no checkpoint yet: step 0, with the settings in %s", run_dir, RUN_CONFIG_NAME)
     if branch:  # a LoRA branch starts at step 0
         log.info("(%s)", branch.get("history"))
@@ -266,7 +266,7 @@ def _unsaved_run(run_dir: Path) -> SavedRun | None:
                     branch=branch)
 
 
-def _unsaved_branch(run_dir: Path, data: dict[str, Any], branch: dict[str, Any]) -> SavedRun:
+def _unsaved_branch(run_dir: Path, data: dict[str, Any], branch: dict[str, Any], run_id: str) -> SavedRun:
     """A branch killed before its first save: the checkpoint it branched from, read again (the very one: its key
     must match), with the plan the branch accepted. Gone or changed, it is refused: never a silent step 0."""
     key, origin = branch["continues"], Path(branch["file"])
@@ -281,7 +281,6 @@ def _unsaved_branch(run_dir: Path, data: dict[str, Any], branch: dict[str, Any])
     log.info("--resume auto: %s has no checkpoint yet; continuing its branch from %s", run_dir, path)
     log.info("(%s)", branch.get("history"))
     ckpt, planned_on = run_plan.continued(ckpt, key, data, run_dir / RUN_CONFIG_NAME, branch=True)
-    run_id = str(data.get("run_id") or "")
     return SavedRun(saved_settings(ckpt.settings), planned_on or ckpt.machine, ckpt.run_id, ckpt, path, (), key,
                     run_id, {**branch, "file": str(path)})
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from trainers.checkpoint import schema
 from trainers.checkpoint.checkpointer import Checkpointer
 from trainers.checkpoint.disk_space import GROWTH, DiskRoom, checkpoint_bytes
 from trainers.checkpoint.recovery import repair_latest, set_aside
@@ -183,7 +182,7 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         make_deterministic()
     weights = build_weights(cfg, inputs, ckpt is not None, chosen.device)
     # Room for the checkpoints the run keeps, before anything is trained or written (rank 0 alone writes them).
-    room = disk_room(cfg, weights, val_set is not None, total, ckpt, resume.path if resume else None) \
+    room = disk_room(cfg, weights, val_set is not None, total, resume.path if resume else None) \
         if world.is_main else None
     if room is not None:
         room.refuse_if_short(step)
@@ -220,12 +219,12 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
     return Run(cfg, weights, optim, data, *loaders, progress, hardware, checkpoints, total, lock, world)
 
 
-def disk_room(cfg: RunConfig, weights: GPTWeights, validates: bool, total: int, ckpt: schema.Checkpoint | None,
-              path: Path | None) -> DiskRoom:
+def disk_room(cfg: RunConfig, weights: GPTWeights, validates: bool, total: int,
+              resumed: Path | None) -> DiskRoom:
     """What the run's checkpoints need on its disk: one checkpoint's size from the model and the trained
-    parameters, or the size of the checkpoint resumed (with room for its history to grow)."""
-    if ckpt is not None and path is not None:
-        size = path.stat().st_size + GROWTH
+    parameters, or the size of the checkpoint `resumed` (with room for its history to grow)."""
+    if resumed is not None:
+        size = resumed.stat().st_size + GROWTH
     else:
         trained = [p for p in weights.model.parameters() if p.requires_grad]
         size = checkpoint_bytes(weights.saved_tensors().values(), trained)
