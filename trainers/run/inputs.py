@@ -6,7 +6,6 @@ flag or manifest costs seconds, never touches a run directory, and is reported a
 from __future__ import annotations
 
 import difflib
-
 import logging
 from dataclasses import dataclass, fields
 from pathlib import Path
