@@ -58,10 +58,6 @@ class RunInputs:
         """Target samples per step with replay mixing (None: the effective batch)."""
         return self.mixing.target_per_step if self.mixing else None
 
-    def save_manifest_caches(self) -> None:
-        for manifests in self.checked:
-            manifests.save()
-
 
 def read_model_yaml(path: str, family: ModelFamily | None = None) -> dict[str, Any]:
     """The config.yaml, its gpt section checked for `family` (by default the family the config belongs to)."""

@@ -215,7 +215,8 @@ def _start_run(cmd: CommandLine, resolution: Resolution, machine: Hardware, lock
         continued = resume.plan_key if resume else None
         plan = {"continues": continued, "lr_schedule": schedule.state_dict()} if continued else None
         write_start_files(cfg, machine.cache_key(), plan, resolution.branch)
-        inputs.save_manifest_caches()  # before the other processes of a torchrun job read them (main_first)
+        for manifests in inputs.checked:  # before the other processes of a torchrun job read them: main_first
+            manifests.save()
     return Run(cfg, weights, optim, data, *loaders, progress, hardware, checkpoints, total, lock, world)
 
 
