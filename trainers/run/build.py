@@ -66,12 +66,11 @@ def add_lora(weights: GPTWeights, lora: LoraSettings, cfg: RunConfig) -> None:
     Checkpoints hold exactly the trained tensors (GPTWeights.trained_keys), never a copy of the base.
     """
     adapted = add_adapters(weights.model, lora, cfg.settings.seed)
-    trained = [k for k, _ in weights.model.named_parameters() if is_adapter_key(k)]
+    adapters = [k for k, _ in weights.model.named_parameters() if is_adapter_key(k)]
     tables = list(weights.layout.text_row_keys) if cfg.vocab.extended else list(held_rows(cfg) or {})
     for key in tables:
         weights.model.get_parameter(key).requires_grad_(True)
-    trained += tables
-    weights.trained_keys = tuple(trained)
+    weights.trained_keys = (*adapters, *tables)
     log.info("LoRA: rank %d, alpha %g (scale %g), adapter dropout %g", lora.rank, lora.alpha, lora.scale, lora.dropout)
     log.info("LoRA: %d projections adapted (%s); the base weights are frozen", len(adapted), ",".join(lora.targets))
     if cfg.vocab.extended:
