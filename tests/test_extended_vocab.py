@@ -58,7 +58,9 @@ def _manifest_with_new_ids(root: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
+# Once per session, as the demo corpus it adds files to: a module fixture is built again when xdist's worksteal
+# or the order of the tests brings a worker back to this module, and the files it adds would exist already.
+@pytest.fixture(scope="session")
 def data(demo_assets: list[str]) -> dict[str, object]:
     flags = demo_assets
     value = {flags[i]: flags[i + 1] for i in range(1, len(flags), 2)}
