@@ -23,6 +23,7 @@ import numpy as np
 from trainers.data.manifest import ManifestSpec
 from trainers.data.sample_table import SampleTable
 from trainers.errors import UserError
+from trainers.files import file_identity
 
 log = logging.getLogger("train")
 
@@ -30,20 +31,14 @@ log = logging.getLogger("train")
 def refuse_same_file(train: Sequence[ManifestSpec], val: Sequence[ManifestSpec]) -> None:
     """A --val-manifest that is a --train-manifest file (compared by file identity, not by name): UserError."""
     for v in val:
+        identity = file_identity(v.path)
         for t in train:
-            if _same_file(v.path, t.path):
+            if identity is not None and identity == file_identity(t.path):
                 named = "" if str(v.path) == str(t.path) else f" (as {t.path})"
                 raise UserError(f"--val-manifest {v.path} is also a --train-manifest{named}: validation would measure "
                                 "the samples the model trains on, so best.pth and early stopping would reward "
                                 "memorising. Pass a held-out manifest, or leave --val-manifest out (no validation); "
                                 "nothing was written")
-
-
-def _same_file(a: os.PathLike, b: os.PathLike) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def warn_overlap(train: SampleTable, val: SampleTable) -> None:
