@@ -84,7 +84,7 @@ def output_problems(plans: Sequence[Plan], out_dir: Path, extra_inputs: Sequence
     if problems:
         return problems
     inputs = {real(p): p for p in [*input_paths(plans), *extra_inputs]}
-    inodes: dict[tuple[int, int] | None, str | Path] | None = None  # built when an output already exists
+    inodes: dict[tuple[int, int], str | Path] | None = None  # built when an output already exists
     for plan in plans:
         for out in [plan.output] + [out_dir / ids_relpath(plan.manifest, line.number) for line in plan.lines]:
             hit = inputs.get(real(out))
@@ -93,7 +93,8 @@ def output_problems(plans: Sequence[Plan], out_dir: Path, extra_inputs: Sequence
                 if identity is None:
                     continue  # nothing there: it cannot be an input
                 if inodes is None:  # a hard link or a symlink to an input is that input too
-                    inodes = {file_identity(path): given for path, given in inputs.items()}
+                    found = ((file_identity(path), given) for path, given in inputs.items())
+                    inodes = {ident: given for ident, given in found if ident is not None}
                 hit = inodes.get(identity)
             if hit is not None:
                 return [f"--output-dir {out_dir}: writing {out} would replace the input {os.path.normpath(hit)}; "
